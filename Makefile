@@ -1,0 +1,22 @@
+# Two entry points (see README): `make pipeline` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup pipeline test
+
+$(INSTALLED): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c requirements.lock -e ".[test]"
+	touch $@
+
+setup: $(INSTALLED)
+
+# The default pipeline: local Ray, SQLite MLflow store (mlflow.db), local DVC cache.
+pipeline: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+
+test: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

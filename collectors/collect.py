@@ -1,0 +1,59 @@
+"""`orl collect`: one dataset from a DatasetConfig, collected by Ray actors and written by Ray Data."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from collectors import dataset
+from collectors.config import CollectConfig, DatasetConfig
+from collectors.envs import env_spaces
+from collectors.policies import knows_logp
+from collectors.rollout import run_on_actors
+
+
+def code_version() -> str:
+    """This package's version and, inside a git checkout, the commit (marked -dirty if files changed)."""
+    version = metadata.version("offline-rl-pipeline")
+    try:
+        here = Path(__file__).parent
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return f"{version}+{commit}"
+    except (OSError, subprocess.CalledProcessError):
+        return version
+
+
+def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: str | Path) -> dataset.DatasetCard:
+    out_dir = Path(out_dir)
+    if out_dir.exists():  # fail before any work, not after
+        raise dataset.UserError(f"{out_dir} already exists; remove it first (dvc repro does) or pick another name")
+    observation_space, action_space = env_spaces(spec.env)
+    with_logp = knows_logp(spec.policy, action_space)
+    n = settings.episodes_per_file
+    shards = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
+    tables, returns, lengths = run_on_actors(spec.env, spec.policy, spec.seed, shards, settings.num_collectors,
+                                    settings.envs_per_collector, label=f"collect {name}")
+    card = dataset.DatasetCard(
+        name=name,
+        env_id=spec.env,
+        observation_space=dataset.space_to_dict(observation_space),
+        action_space=dataset.space_to_dict(action_space),
+        behavior_policy=dataclasses.asdict(spec.policy),
+        seed=spec.seed,
+        episodes=spec.episodes,
+        transitions=int(lengths.sum()),
+        returns=dataset.summarize(returns),
+        episode_length=dataset.summarize(lengths),
+        columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
+        files=[],  # dataset.write lists the files it wrote
+        code_version=code_version(),
+        library_versions={lib: metadata.version(lib) for lib in ("gymnasium", "pyarrow", "ray")},
+    )
+    card = dataset.write(tables, out_dir, card)
+    print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out_dir}; "
+          f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
+    return card

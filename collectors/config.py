@@ -1,0 +1,65 @@
+"""Typed configuration of collection (the `collect` and `datasets` sections of params.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICY_KINDS = ("random", "expert", "mixture", "model")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A behaviour policy."""
+
+    kind: str = "expert"
+    """random | expert (the env's hand-written controller) | mixture (expert, but a uniformly random action
+    with probability `epsilon`) | model (a policy trained by `orl train`)."""
+    epsilon: float = 0.0
+    """For `mixture`: probability of a random action at each step, in [0, 1]."""
+    model: str = ""
+    """For `model`: a `orl train` checkpoint directory, or an MLflow model URI (models:/NAME@ALIAS, runs:/...)."""
+    greedy: bool = False
+    """For `model`: take the most likely action instead of sampling from the policy."""
+
+    def __post_init__(self):
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"kind '{self.kind}' is unknown; use one of {', '.join(POLICY_KINDS)}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon {self.epsilon} is out of range; use a value in [0, 1]")
+        if self.kind == "model" and not self.model:
+            raise ValueError("kind 'model' needs `model`: a checkpoint directory or an MLflow model URI")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One dataset to collect."""
+
+    env: str
+    """Gymnasium environment id, e.g. CartPole-v1."""
+    episodes: int
+    """Number of whole episodes to collect."""
+    seed: int
+    """Episode i is reset with a seed derived from (seed, i), and the policy's randomness likewise."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The behaviour policy."""
+
+    def __post_init__(self):
+        if self.episodes <= 0:
+            raise ValueError(f"episodes must be > 0, got {self.episodes}")
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """How collection is spread over Ray actors and files; only `episodes_per_file` changes the bytes."""
+
+    num_collectors: int = 2
+    """Ray actors stepping environments in parallel (1 CPU each)."""
+    envs_per_collector: int = 4
+    """Environments per actor, stepped in lockstep so the policy acts on a batch of observations."""
+    episodes_per_file: int = 100
+    """Episodes per Parquet file; also the unit of work handed to an actor."""
+
+    def __post_init__(self):
+        for name in ("num_collectors", "envs_per_collector", "episodes_per_file"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -1,0 +1,361 @@
+"""The dataset format: columns, Arrow schema, the card, writing, validation and loading.
+
+This module is the only place that names columns. A dataset is a directory of Parquet files plus
+`_card.json` (the leading underscore makes pyarrow, pandas and Ray skip it when reading the directory).
+Columns use RLlib's names (`ray.rllib.core.columns.Columns`), so stock RLlib reads a dataset as-is:
+
+    eps_id  int64                          global episode index (also its seed index)
+    t       int32                          step within the episode, 0-based
+    obs     fixed_size_list<float32>[d]    observation before the step
+    actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
+    rewards float32
+    new_obs fixed_size_list<float32>[d]    observation after the step
+    terminateds, truncateds  bool
+    action_logp float32                    log-prob of the action under the behaviour policy, where known
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collectors.errors import UserError
+
+SCHEMA_VERSION = 1
+CARD_FILE = "_card.json"
+FILE_PREFIX = "episodes"
+
+
+class Col:
+    """Column names; equal to RLlib's `Columns` constants (a test checks it)."""
+
+    EPS_ID = "eps_id"
+    T = "t"
+    OBS = "obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    NEW_OBS = "new_obs"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    ACTION_LOGP = "action_logp"
+
+
+# ---------------------------------------------------------------- spaces
+
+
+def _encode_bound(values: np.ndarray) -> list:
+    # JSON has no infinity; unbounded dimensions are written as the strings "inf"/"-inf".
+    return [float(v) if math.isfinite(v) else str(float(v)) for v in np.asarray(values).ravel()]
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "low": _encode_bound(space.low),
+            "high": _encode_bound(space.high),
+        }
+    raise UserError(f"space {space} is not supported: only Box and Discrete spaces are")
+
+
+def space_from_dict(data: dict) -> gym.Space:
+    if data["type"] == "Discrete":
+        return gym.spaces.Discrete(data["n"])
+    shape = tuple(data["shape"])
+    low = np.array([float(v) for v in data["low"]], dtype=data["dtype"]).reshape(shape)
+    high = np.array([float(v) for v in data["high"]], dtype=data["dtype"]).reshape(shape)
+    return gym.spaces.Box(low, high, shape, dtype=data["dtype"])
+
+
+def flat_dim(space: gym.spaces.Box) -> int:
+    return int(np.prod(space.shape))
+
+
+def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool) -> pa.Schema:
+    """The exact Arrow schema of a dataset with these spaces."""
+    obs_type = pa.list_(pa.float32(), flat_dim(observation_space))
+    if isinstance(action_space, gym.spaces.Discrete):
+        action_type = pa.int64()
+    else:
+        action_type = pa.list_(pa.float32(), flat_dim(action_space))
+    fields = [
+        pa.field(Col.EPS_ID, pa.int64(), nullable=False),
+        pa.field(Col.T, pa.int32(), nullable=False),
+        pa.field(Col.OBS, obs_type, nullable=False),
+        pa.field(Col.ACTIONS, action_type, nullable=False),
+        pa.field(Col.REWARDS, pa.float32(), nullable=False),
+        pa.field(Col.NEW_OBS, obs_type, nullable=False),
+        pa.field(Col.TERMINATEDS, pa.bool_(), nullable=False),
+        pa.field(Col.TRUNCATEDS, pa.bool_(), nullable=False),
+    ]
+    if with_logp:
+        fields.append(pa.field(Col.ACTION_LOGP, pa.float32(), nullable=False))
+    return pa.schema(fields)
+
+
+def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    if pa.types.is_fixed_size_list(arrow_type):
+        flat = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), -1)
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+    return pa.array(values, type=arrow_type)
+
+
+def transitions_table(columns: dict[str, np.ndarray], schema: pa.Schema) -> pa.Table:
+    """Builds one Arrow table from numpy columns (one row per transition), in schema order."""
+    return pa.Table.from_arrays(
+        [_tensor_column(columns[f.name], f.type) for f in schema], schema=schema
+    )
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column as numpy; fixed-size-list columns become 2-D arrays without per-row Python."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
+    return column.to_numpy(zero_copy_only=False)
+
+
+# ---------------------------------------------------------------- the card
+
+
+@dataclass
+class DatasetCard:
+    """What a dataset is, how it was made, and what it holds; stored as `_card.json`."""
+
+    name: str
+    env_id: str
+    observation_space: dict
+    action_space: dict
+    behavior_policy: dict
+    seed: int
+    episodes: int
+    transitions: int
+    returns: dict
+    episode_length: dict
+    columns: list[str]
+    files: list[dict]
+    code_version: str
+    library_versions: dict
+    schema_version: int = SCHEMA_VERSION
+    notes: str = field(default="")
+
+    @property
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return space_from_dict(self.observation_space), space_from_dict(self.action_space)
+
+    @property
+    def has_action_logp(self) -> bool:
+        return Col.ACTION_LOGP in self.columns
+
+    def schema(self) -> pa.Schema:
+        return arrow_schema(*self.spaces, with_logp=self.has_action_logp)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def summary(self) -> dict:
+        """The fields worth showing a person or logging as run params."""
+        return {
+            "name": self.name,
+            "env_id": self.env_id,
+            "behavior_policy": self.behavior_policy,
+            "seed": self.seed,
+            "episodes": self.episodes,
+            "transitions": self.transitions,
+            "return_mean": self.returns["mean"],
+            "return_std": self.returns["std"],
+            "schema_version": self.schema_version,
+            "code_version": self.code_version,
+        }
+
+
+def read_card(path: str | os.PathLike) -> DatasetCard:
+    path = Path(path)
+    card_path = path / CARD_FILE
+    if not path.is_dir():
+        raise UserError(f"dataset directory {path} does not exist: run `orl collect` or `dvc repro` to create it")
+    if not card_path.is_file():
+        raise UserError(f"{card_path} is missing: {path} is not a dataset made by `orl collect`; re-collect it")
+    try:
+        data = json.loads(card_path.read_text())
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise UserError(
+                f"{card_path}: schema_version {version} is not supported (this code reads {SCHEMA_VERSION}); "
+                "re-collect the dataset with this version"
+            )
+        names = {f.name for f in dataclasses.fields(DatasetCard)}
+        card = DatasetCard(**{k: v for k, v in data.items() if k in names})
+        card.spaces  # parses both spaces, so a broken space fails here
+        return card
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError) as err:
+        raise UserError(f"{card_path} is corrupt ({err}); re-collect the dataset") from None
+
+
+def summarize(values: np.ndarray) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    return {"mean": float(values.mean()), "std": float(values.std()),
+            "min": float(values.min()), "max": float(values.max())}
+
+
+def episode_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(undiscounted return, length) of each episode, in eps_id order."""
+    eps_id = column_to_numpy(table[Col.EPS_ID])
+    rewards = column_to_numpy(table[Col.REWARDS]).astype(np.float64)
+    ids, inverse, lengths = np.unique(eps_id, return_inverse=True, return_counts=True)
+    return np.bincount(inverse, weights=rewards, minlength=len(ids)), lengths
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
+    """Checks a dataset directory against its card; returns the card or raises UserError.
+
+    Every file's footer is read, row counts must match the card and the schema must be exactly the one the
+    card's spaces imply. With `env_spaces`, the card's spaces must equal the environment's.
+    """
+    path = Path(path)
+    card = read_card(path)
+    expected = card.schema()
+    listed = {f["path"] for f in card.files}
+    on_disk = {p.name for p in path.glob("*.parquet")}
+    if on_disk != listed:
+        extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
+        raise UserError(
+            f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
+        )
+    rows = 0
+    for entry in card.files:
+        file = path / entry["path"]
+        try:
+            meta = pq.read_metadata(file)
+            schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowException) as err:
+            raise UserError(f"{file} is not a readable Parquet file ({err}); re-collect the dataset") from None
+        _check_schema(file, schema, expected)
+        if meta.num_rows != entry["rows"]:
+            raise UserError(f"{file} has {meta.num_rows} rows but {CARD_FILE} says {entry['rows']}; re-collect the dataset")
+        rows += meta.num_rows
+    if rows != card.transitions:
+        raise UserError(f"{path} holds {rows} transitions but {CARD_FILE} says {card.transitions}; re-collect the dataset")
+    if env_spaces is not None:
+        for what, ours, env_space in zip(("observation", "action"), card.spaces, env_spaces):
+            if space_to_dict(ours) != space_to_dict(env_space):
+                raise UserError(
+                    f"{path}: the dataset's {what} space {ours} does not match {card.env_id}'s {env_space}; "
+                    "use a dataset collected on this environment"
+                )
+    return card
+
+
+def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
+    for expected_field in expected:
+        if expected_field.name not in actual.names:
+            raise UserError(f"{file}: column '{expected_field.name}' is missing; re-collect the dataset")
+        actual_type = actual.field(expected_field.name).type
+        if actual_type != expected_field.type:
+            raise UserError(
+                f"{file}: column '{expected_field.name}' has type {actual_type}, expected {expected_field.type}; "
+                "re-collect the dataset"
+            )
+    unexpected = [name for name in actual.names if name not in expected.names]
+    if unexpected:
+        raise UserError(f"{file}: unexpected columns {unexpected}; re-collect the dataset")
+
+
+# ---------------------------------------------------------------- writing
+
+
+class _FileNames:
+    """Deterministic file names (Ray's default embeds a random UUID, which would change DVC's hash)."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        # Ray appends "-{i}.parquet"; one block per task makes i always 0.
+        return f"{FILE_PREFIX}-{task_index:05d}"
+
+
+def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCard:
+    """Writes Arrow tables (or ObjectRefs to them), one file each and in order, then the card.
+
+    The files go to a hidden staging directory beside `path`, are validated, and the directory is renamed
+    into place, so `path` only ever holds a complete dataset. `path` must not exist.
+    """
+    import ray
+    from ray.data import DataContext
+    from ray.data.datasource import FilenameProvider, SaveMode
+
+    path = Path(path)
+    if path.exists():
+        raise UserError(f"{path} already exists; remove it first (dvc repro does) or pick another name")
+    staging = path.parent / f".{path.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+
+    DataContext.get_current().execution_options.preserve_order = True
+    refs = [t if isinstance(t, ray.ObjectRef) else ray.put(t) for t in tables]
+    names = type("FileNames", (_FileNames, FilenameProvider), {})()
+    ray.data.from_arrow_refs(refs).write_parquet(
+        str(staging), filename_provider=names, mode=SaveMode.OVERWRITE, compression="zstd"
+    )
+    files = sorted(staging.glob("*.parquet"))
+    card = dataclasses.replace(card, files=[{"path": f.name, "rows": pq.read_metadata(f).num_rows} for f in files])
+    (staging / CARD_FILE).write_text(card.to_json())
+    validate(staging)
+    os.rename(staging, path)
+    return card
+
+
+# ---------------------------------------------------------------- loading, for training and for users
+
+
+def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The whole validated dataset in memory as numpy arrays: obs is (N, d), actions (N,) or (N, k)."""
+    card = validate(path)
+    table = pq.read_table([Path(path) / f["path"] for f in card.files], schema=card.schema())
+    return {name: column_to_numpy(table[name]) for name in table.column_names}
+
+
+def load_pandas(path: str | os.PathLike):
+    """A pandas DataFrame, one row per transition (obs cells are numpy arrays)."""
+    import pandas as pd
+
+    validate(path)
+    return pd.read_parquet(path)
+
+
+def load_ray(path: str | os.PathLike):
+    """A streaming Ray Dataset over the files (Ray must be initialized or it starts a local one)."""
+    import ray
+
+    card = validate(path)
+    return ray.data.read_parquet([str(Path(path) / f["path"]) for f in card.files])
+
+
+def torch_dataloader(path: str | os.PathLike, batch_size: int = 256, shuffle: bool = True, seed: int = 0):
+    """A torch DataLoader of (obs, actions) float32/int64 tensors for behaviour cloning."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    arrays = load_arrays(path)
+    actions = torch.from_numpy(arrays[Col.ACTIONS])
+    dataset = TensorDataset(torch.from_numpy(arrays[Col.OBS]), actions)
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
+

@@ -1,0 +1,162 @@
+"""Behaviour policies. Each acts on a batch of observations, one row per environment.
+
+Every row has its own random generator (that of the episode the row belongs to), so an episode's actions
+depend only on its seed, not on which actor or batch slot ran it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from collectors.config import PolicyConfig
+from collectors.envs import EXPERTS
+from collectors.errors import UserError
+
+# Where `Algorithm.save_to_path` puts the single-agent RLModule inside a checkpoint.
+MODULE_SUBDIR = Path("learner_group", "learner", "rl_module", "default_policy")
+
+
+class Policy(Protocol):
+    def act(self, obs: np.ndarray, rngs: list[np.random.Generator], envs: list[gym.Env]):
+        """(obs batch, one rng per row, one env per row) -> (actions, log-probs or None)."""
+
+
+class RandomPolicy(Policy):
+    def __init__(self, action_space: gym.Space):
+        self.space = action_space
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.logp = -math.log(action_space.n)
+        else:
+            self.logp = -float(np.sum(np.log(action_space.high - action_space.low)))
+
+    def sample(self, rng: np.random.Generator):
+        if isinstance(self.space, gym.spaces.Discrete):
+            return int(rng.integers(self.space.n))
+        return rng.uniform(self.space.low, self.space.high).astype(np.float32)
+
+    def act(self, obs, rngs, envs):
+        actions = np.array([self.sample(rng) for rng in rngs])
+        return actions, np.full(len(rngs), self.logp, dtype=np.float32)
+
+
+class ExpertPolicy(Policy):
+    def __init__(self, env_id: str, action_space: gym.Space):
+        self.expert = EXPERTS[env_id]
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+
+    def act(self, obs, rngs, envs):
+        actions = np.array([self.expert(o, env) for o, env in zip(obs, envs)])
+        # A deterministic discrete choice has probability 1; a point mass has no density.
+        return actions, (np.zeros(len(obs), dtype=np.float32) if self.discrete else None)
+
+
+class MixturePolicy(Policy):
+    """The expert, except a uniformly random action with probability epsilon."""
+
+    def __init__(self, env_id: str, action_space: gym.Space, epsilon: float):
+        self.expert = ExpertPolicy(env_id, action_space)
+        self.random = RandomPolicy(action_space)
+        self.epsilon = epsilon
+        self.n = action_space.n if isinstance(action_space, gym.spaces.Discrete) else None
+
+    def act(self, obs, rngs, envs):
+        expert_actions, _ = self.expert.act(obs, rngs, envs)
+        explore = np.array([rng.random() < self.epsilon for rng in rngs])
+        actions = np.array(
+            [self.random.sample(rng) if e else a for rng, e, a in zip(rngs, explore, expert_actions)]
+        )
+        if self.n is None:
+            return actions, None
+        prob = (1 - self.epsilon) * (actions == expert_actions) + self.epsilon / self.n
+        return actions, np.log(prob).astype(np.float32)
+
+
+class ModulePolicy(Policy):
+    """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy."""
+
+    def __init__(self, module, action_space: gym.Space, greedy: bool):
+        self.module = module
+        self.space = action_space
+        self.greedy = greedy
+
+    def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            out = self.module.forward_inference({"obs": torch.as_tensor(obs, dtype=torch.float32)})
+        return out["action_dist_inputs"].numpy()
+
+    def act(self, obs, rngs, envs):
+        inputs = self.distribution_inputs(obs)
+        if isinstance(self.space, gym.spaces.Discrete):
+            logp_all = inputs - np.logaddexp.reduce(inputs, axis=1, keepdims=True)
+            if self.greedy:  # deterministic: the chosen action has probability 1
+                actions = logp_all.argmax(axis=1)
+                return actions, np.zeros(len(actions), dtype=np.float32)
+            # Inverse-CDF sampling with each row's own generator.
+            cdf = np.cumsum(np.exp(logp_all), axis=1)
+            u = np.array([rng.random() for rng in rngs])[:, None] * cdf[:, -1:]
+            actions = (u > cdf).sum(axis=1).clip(max=self.space.n - 1)
+            return actions, logp_all[np.arange(len(actions)), actions].astype(np.float32)
+        # Box: RLlib's diagonal Gaussian takes [mean, log_std]; clipping to the bounds makes density moot.
+        mean, log_std = np.split(inputs, 2, axis=1)
+        if not self.greedy:
+            noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
+            mean = mean + np.exp(log_std) * noise
+        actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
+        return actions, None
+
+
+class MLflowPolicy(Policy):
+    """A policy logged by `orl train` as an MLflow pyfunc model (observations in, greedy actions out)."""
+
+    def __init__(self, uri: str, action_space: gym.Space):
+        import mlflow.pyfunc
+
+        try:
+            self.model = mlflow.pyfunc.load_model(uri)
+        except Exception as err:  # MLflow raises several types for a URI it cannot resolve
+            raise UserError(f"cannot load MLflow model '{uri}' ({type(err).__name__}); check the URI and MLFLOW_TRACKING_URI") from None
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+
+    def act(self, obs, rngs, envs):
+        actions = np.asarray(self.model.predict(obs.astype(np.float32)))
+        return actions, (np.zeros(len(obs), dtype=np.float32) if self.discrete else None)
+
+
+def is_mlflow_uri(model: str) -> bool:
+    return "://" in model or model.startswith(("models:/", "runs:/"))
+
+
+def load_rl_module(path: str | Path):
+    """The RLModule in an `orl train` checkpoint directory (or in a bare RLModule directory)."""
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    path = Path(path)
+    module_dir = path / MODULE_SUBDIR if (path / MODULE_SUBDIR).is_dir() else path
+    if not (module_dir / "class_and_ctor_args.pkl").is_file():
+        raise UserError(f"{path} is not a checkpoint made by `orl train`; point at its checkpoint directory")
+    return RLModule.from_checkpoint(module_dir.resolve())
+
+
+def knows_logp(config: PolicyConfig, action_space: gym.Space) -> bool:
+    """Whether the policy reports action log-probabilities (so datasets carry `action_logp`)."""
+    # Uniform densities are known for Box too; the other policies are deterministic or clipped there.
+    return config.kind == "random" or isinstance(action_space, gym.spaces.Discrete)
+
+
+def build_policy(config: PolicyConfig, env_id: str, action_space: gym.Space) -> Policy:
+    if config.kind == "random":
+        return RandomPolicy(action_space)
+    if config.kind == "expert":
+        return ExpertPolicy(env_id, action_space)
+    if config.kind == "mixture":
+        return MixturePolicy(env_id, action_space, config.epsilon)
+    if is_mlflow_uri(config.model):
+        return MLflowPolicy(config.model, action_space)
+    return ModulePolicy(load_rl_module(config.model), action_space, config.greedy)
