@@ -1,0 +1,48 @@
+"""Maps our typed params onto RLlib (new API stack, torch) offline algorithm configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+
+from training.config import BCParams, LearnerParams, MARWILParams
+
+# RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
+# on a 2-CPU node forever. One pre-learner actor leaves a CPU for reading; clusters can scale it up.
+SMALL_MACHINE_MAP_BATCHES = {"concurrency": 1, "num_cpus": 1}
+
+
+def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], dataset_dir: Path, seed: int):
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    observation_space, action_space = spaces
+    return (
+        config.environment(observation_space=observation_space, action_space=action_space)
+        .offline_data(
+            input_=[str(Path(dataset_dir).resolve())],
+            dataset_num_iters_per_learner=params.updates_per_iteration,
+            map_batches_kwargs=SMALL_MACHINE_MAP_BATCHES,
+        )
+        .learners(num_learners=0)
+        .training(lr=params.lr, train_batch_size_per_learner=params.batch_size)
+        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
+                                                   fcnet_activation=params.activation))
+        .debugging(seed=seed)
+        .reporting(min_time_s_per_iteration=0)
+    )
+
+
+def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, seed: int):
+    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset directory."""
+    if isinstance(params, MARWILParams):
+        from ray.rllib.algorithms.marwil import MARWILConfig
+
+        config = MARWILConfig().training(beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma)
+    elif isinstance(params, BCParams):
+        from ray.rllib.algorithms.bc import BCConfig
+
+        config = BCConfig()
+    else:
+        raise TypeError(f"no RLlib mapping for {type(params).__name__} ({algo})")
+    return _common(config, params, spaces, dataset_dir, seed)

@@ -1,0 +1,114 @@
+"""Typed configuration of training and evaluation (the `train`, `algos` and `evaluate` sections of params.yaml).
+
+These are the public knobs; `training/algorithms.py` maps them onto RLlib's configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ACTIVATIONS = ("relu", "tanh", "silu")
+
+
+@dataclass(frozen=True)
+class LearnerParams:
+    """What every offline learner takes."""
+
+    lr: float = 1e-3
+    """Adam learning rate."""
+    batch_size: int = 512
+    """Transitions per gradient update."""
+    iterations: int = 30
+    """Training iterations; metrics are logged once per iteration."""
+    updates_per_iteration: int = 20
+    """Gradient updates per iteration."""
+    hidden_layers: list[int] = field(default_factory=lambda: [256, 256])
+    """Sizes of the policy network's hidden layers."""
+    activation: str = "relu"
+    """Hidden-layer activation: relu, tanh or silu."""
+
+    def __post_init__(self):
+        for name in ("batch_size", "iterations", "updates_per_iteration"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.hidden_layers or min(self.hidden_layers) <= 0:
+            raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
+
+
+@dataclass(frozen=True)
+class BCParams(LearnerParams):
+    """Behaviour cloning: maximise the log-likelihood of the dataset's actions."""
+
+
+@dataclass(frozen=True)
+class MARWILParams(LearnerParams):
+    """MARWIL: behaviour cloning weighted by exp(beta * advantage), with a learned value function."""
+
+    beta: float = 1.0
+    """Advantage temperature in [0, 1]; 0 is plain behaviour cloning."""
+    vf_coeff: float = 1.0
+    """Weight of the value-function loss."""
+    gamma: float = 0.99
+    """Discount for the advantage estimates."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {self.beta}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class AlgosConfig:
+    """Hyper-parameters per algorithm; the keys are the names `orl train --algo` takes."""
+
+    bc: BCParams = field(default_factory=BCParams)
+    marwil: MARWILParams = field(default_factory=MARWILParams)
+
+    def get(self, algo: str) -> LearnerParams:
+        if algo not in self.names():
+            raise ValueError(f"unknown algorithm '{algo}': use one of {', '.join(self.names())}")
+        return getattr(self, algo)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return list(cls.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Which policies the pipeline trains: every algorithm on every dataset."""
+
+    algos: list[str] = field(default_factory=lambda: ["bc", "marwil"])
+    """Algorithms to train (keys of `algos`)."""
+    datasets: list[str] = field(default_factory=list)
+    """Datasets to train on (keys of `datasets`)."""
+    seed: int = 0
+    """Seed of network initialisation and batch sampling."""
+
+    def __post_init__(self):
+        unknown = [a for a in self.algos if a not in AlgosConfig.names()]
+        if unknown:
+            raise ValueError(f"unknown algorithms {unknown}: use some of {', '.join(AlgosConfig.names())}")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """How trained policies (and the random/expert references) are evaluated."""
+
+    episodes: int = 20
+    """Evaluation episodes per policy."""
+    seed: int = 1_000_000
+    """Evaluation seed; keep it apart from collection seeds so evaluation starts are unseen."""
+    num_workers: int = 2
+    """Ray actors running evaluation episodes in parallel."""
+
+    def __post_init__(self):
+        for name in ("episodes", "num_workers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -1,0 +1,64 @@
+"""PNG plots for people: learning curves, return distributions, score tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers or CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def learning_curves(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:
+    """One line per run: `metric` against training iteration."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in sorted(curves.items()):
+        points = [(r["iteration"], r[metric]) for r in rows if metric in r]
+        if points:
+            ax.plot(*zip(*points), label=label)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} during training")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def return_distributions(returns: dict[str, list[float]], references: dict[str, float], path: Path) -> Path:
+    """A box per policy of its evaluation episode returns, with reference lines (random, expert)."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(returns) + 2), 4))
+    labels = sorted(returns)
+    ax.boxplot([returns[k] for k in labels], tick_labels=labels, showmeans=True)
+    for (name, value), style in zip(sorted(references.items()), ("--", ":")):
+        ax.axhline(value, linestyle=style, color="grey", label=f"{name} ({value:.1f})")
+    ax.set_ylabel("episode return")
+    ax.set_title("evaluation returns")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    if references:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def scores(rows: list[dict], path: Path) -> Path:
+    """Grouped bars: normalized score per dataset, one bar per algorithm (and the behaviour policy)."""
+    datasets = sorted({r["dataset"] for r in rows})
+    algos = sorted({r["algo"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 2 * len(datasets)), 4))
+    width = 0.8 / len(algos)
+    for i, algo in enumerate(algos):
+        values = [next((r["normalized_score"] for r in rows if r["dataset"] == d and r["algo"] == algo), 0.0)
+                  for d in datasets]
+        ax.bar([x + i * width for x in range(len(datasets))], values, width, label=algo)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(datasets))], datasets, fontsize=8)
+    ax.axhline(100, linestyle="--", color="grey")
+    ax.set_ylabel("normalized score (0 random, 100 expert)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,71 @@
+"""The files of one training run directory (runs/ALGO-DATASET), named in one place.
+
+`orl train` writes the checkpoint, run.json, train_metrics.json and the learning curve; `orl evaluate` adds
+eval.json and the return distribution; `orl report` reads them all.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint"
+
+    @property
+    def run_info(self) -> Path:
+        """run.json: algo, dataset, env id, MLflow run id and registered model."""
+        return self.path / "run.json"
+
+    @property
+    def train_metrics(self) -> Path:
+        return self.path / "train_metrics.json"
+
+    @property
+    def learning_curve(self) -> Path:
+        return self.path / "learning_curve.csv"
+
+    @property
+    def learning_curve_plot(self) -> Path:
+        return self.path / "learning_curve.png"
+
+    @property
+    def eval_metrics(self) -> Path:
+        return self.path / "eval.json"
+
+    @property
+    def eval_returns(self) -> Path:
+        return self.path / "eval_returns.csv"
+
+    @property
+    def eval_returns_plot(self) -> Path:
+        return self.path / "eval_returns.png"
+
+    def info(self) -> dict:
+        return json.loads(self.run_info.read_text())
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]

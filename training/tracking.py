@@ -1,0 +1,119 @@
+"""MLflow: where runs go, the dataset as a run input, and the policy as a registered model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import numpy as np
+
+from collectors.dataset import DatasetCard, flat_dim
+from collectors.errors import UserError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+LOCAL_ARTIFACTS = Path("mlartifacts")
+MODEL_ARTIFACT = "policy"
+NEWEST_ALIAS = "newest"  # "latest" is reserved by MLflow
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def use_experiment(name: str) -> str:
+    """Points MLflow at the tracking store and the experiment `name` (created on first use); returns its id.
+
+    With the default SQLite store, artifacts go to ./mlartifacts beside it.
+    """
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is None:
+            local = tracking_uri().startswith("sqlite:")
+            location = LOCAL_ARTIFACTS.resolve().as_uri() if local else None
+            try:
+                return mlflow.create_experiment(name, artifact_location=location)
+            except MlflowException:  # another process created it first
+                experiment = mlflow.get_experiment_by_name(name)
+        return experiment.experiment_id
+    except MlflowException as err:
+        raise UserError(f"MLflow tracking store {tracking_uri()} is not usable ({str(err).splitlines()[0]}); "
+                        "check MLFLOW_TRACKING_URI") from None
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def dvc_digest(path: str | Path) -> str:
+    """The DVC hash of a dataset directory (md5 of its file listing, as in dvc.lock: '<md5>.dir')."""
+    import tempfile
+
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as scratch:
+        _, _, obj = build(HashFileDB(fs, scratch), str(Path(path).resolve()), fs, "md5", dry_run=True)
+    return obj.hash_info.value
+
+
+def log_dataset_input(card: DatasetCard, path: Path, digest: str) -> None:
+    """Records the dataset as the run's training input: its path, name, DVC digest and card summary."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with warnings.catch_warnings():  # MLflow registers two equivalent local-file sources and warns it picked one
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(Path(path).resolve().as_uri())
+    dataset = MetaDataset(source=source, name=card.name, digest=digest)
+    tags = {"env_id": card.env_id, "episodes": str(card.episodes), "transitions": str(card.transitions)}
+    mlflow.log_input(dataset, context="training", tags=tags)
+
+
+def model_name(env_id: str, algo: str) -> str:
+    return f"{env_id}-{algo}"
+
+
+def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[str, str]:
+    """Logs the policy as a pyfunc model, registers it and points aliases at it; returns (name, version)."""
+    from mlflow import MlflowClient
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    observation_space, action_space = card.spaces
+    if card.action_space["type"] == "Discrete":
+        output = TensorSpec(np.dtype(np.int64), (-1,))
+    else:
+        output = TensorSpec(np.dtype(np.float32), (-1, flat_dim(action_space)))
+    signature = ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, flat_dim(observation_space)))]),
+        outputs=Schema([output]),
+    )
+    name = model_name(card.env_id, algo)
+    package_root = Path(__file__).resolve().parent.parent
+    info = mlflow.pyfunc.log_model(
+        name=MODEL_ARTIFACT,
+        python_model=str(Path(__file__).with_name("policy_model.py")),
+        model_config={"action_space": card.action_space},
+        artifacts={"module": str(module_dir)},
+        code_paths=[str(package_root / "collectors"), str(package_root / "training")],
+        signature=signature,
+        pip_requirements=[f"{lib}=={metadata.version(lib)}" for lib in ("ray", "torch", "gymnasium", "mlflow")],
+        registered_model_name=name,
+    )
+    version = str(info.registered_model_version)
+    client = MlflowClient()
+    client.set_registered_model_alias(name, NEWEST_ALIAS, version)
+    client.set_registered_model_alias(name, card.name, version)
+    return name, version

@@ -1,0 +1,82 @@
+"""`orl train`: one algorithm on one dataset with RLlib, tracked in MLflow."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+
+from collectors import dataset
+from collectors.envs import env_spaces
+from collectors.errors import UserError
+from collectors.policies import MODULE_SUBDIR
+from training import plots, tracking
+from training.algorithms import rllib_config
+from training.config import LearnerParams
+from training.run_dir import RunDir, write_csv, write_json
+
+CURVE_METRIC = "policy_loss"
+
+
+def learner_metrics(result: dict) -> dict[str, float]:
+    """The scalar learner statistics of one `Algorithm.train()` result."""
+    stats = result["learners"]["default_policy"]
+    return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+
+
+def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: str | Path, seed: int) -> dict:
+    dataset_dir, run = Path(dataset_dir), RunDir(Path(out_dir))
+    card = dataset.read_card(dataset_dir)
+    card = dataset.validate(dataset_dir, env_spaces(card.env_id))
+    for existing in (run.checkpoint, run.run_info):
+        if existing.exists():
+            raise UserError(f"{existing} already exists; remove it first (dvc repro does) or pick another --out")
+    experiment_id = tracking.use_experiment(card.env_id)  # an unusable tracking store fails before training
+    digest = tracking.dvc_digest(dataset_dir)
+    label = f"train {algo} {card.name}"
+
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"{algo}-{card.name}") as mlflow_run:
+        mlflow.log_params({"algo": algo, "seed": seed, **dataclasses.asdict(params),
+                           **{f"dataset.{k}": v for k, v in card.summary().items()}})
+        mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
+                         "dataset": card.name, "env_id": card.env_id, "algo": algo})
+        tracking.log_dataset_input(card, dataset_dir, digest)
+
+        algorithm = rllib_config(algo, params, card.spaces, dataset_dir, seed).build_algo()
+        curve, started = [], time.monotonic()
+        for iteration in range(1, params.iterations + 1):
+            metrics = learner_metrics(algorithm.train())
+            mlflow.log_metrics(metrics, step=iteration)
+            curve.append({"iteration": iteration, **metrics, "time_s": time.monotonic() - started})
+            print(f"[{label}] iteration {iteration}/{params.iterations} {CURVE_METRIC}="
+                  f"{metrics.get(CURVE_METRIC, float('nan')):.4f} ({time.monotonic() - started:.1f}s)",
+                  file=sys.stderr, flush=True)
+        algorithm.save_to_path(run.checkpoint.resolve())
+        algorithm.stop()
+        del algorithm
+        gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else noisy errors at exit)
+
+        final = {k: v for k, v in curve[-1].items() if k != "iteration"}
+        write_csv(run.learning_curve, curve)
+        write_json(run.train_metrics, final)
+        plots.learning_curves({f"{algo}-{card.name}": curve}, CURVE_METRIC, run.learning_curve_plot)
+        mlflow.log_artifact(str(run.learning_curve_plot), "plots")
+        name, version = tracking.log_policy_model(card, run.checkpoint / MODULE_SUBDIR, algo)
+        info = {
+            "algo": algo,
+            "dataset": card.name,
+            "dataset_path": str(dataset_dir),
+            "env_id": card.env_id,
+            "mlflow_run_id": mlflow_run.info.run_id,
+            "mlflow_experiment_id": experiment_id,
+            "registered_model": {"name": name, "version": version, "uri": f"models:/{name}/{version}"},
+        }
+        write_json(run.run_info, info)
+    print(f"[{label}] done: checkpoint {run.checkpoint}, MLflow run {info['mlflow_run_id']}, "
+          f"model {name} v{version}", file=sys.stderr)
+    return info
