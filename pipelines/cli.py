@@ -1,0 +1,157 @@
+"""`orl`: the command every dvc.yaml stage and every user action goes through.
+
+Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
+work (collectors.collect.collect, training.train.train, training.evaluate.*, training.report.report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from collectors.errors import UserError
+from pipelines.params import Params, RayConfig, load_params
+
+
+def start_ray(config: RayConfig) -> None:
+    """Connects to RAY_ADDRESS when set; otherwise starts a local Ray sized by params (ray.num_cpus)."""
+    import ray
+    from ray.data import DataContext
+
+    settings = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **settings)
+    else:
+        ray.init(num_cpus=config.num_cpus, **settings)
+    DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def cmd_collect(args, params: Params) -> None:
+    from collectors.collect import collect
+
+    start_ray(params.ray)
+    collect(args.name, params.dataset(args.name), params.collect, args.out or Path("datasets") / args.name)
+
+
+def cmd_train(args, params: Params) -> None:
+    from training.train import train
+
+    try:
+        algo_params = params.algos.get(args.algo)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    out = args.out or Path("runs") / f"{args.algo}-{Path(args.dataset).name}"
+    start_ray(params.ray)
+    train(args.algo, algo_params, args.dataset, out, params.train.seed if args.seed is None else args.seed)
+
+
+def cmd_reference(args, params: Params) -> None:
+    from training.evaluate import measure_references
+
+    start_ray(params.ray)
+    measure_references([d.env for d in params.datasets.values()], params.evaluate, args.out)
+
+
+def cmd_evaluate(args, params: Params) -> None:
+    from training.evaluate import evaluate
+
+    start_ray(params.ray)
+    evaluate(args.run_dir, args.references, params.evaluate)
+
+
+def cmd_report(args, params: Params) -> None:
+    from training.report import report
+
+    print(report(args.runs, args.references, args.out))
+
+
+def cmd_datasets_list(args, params: Params) -> None:
+    from collectors.dataset import CARD_FILE, read_card
+
+    for path in sorted(Path(args.root).glob(f"*/{CARD_FILE}")):
+        card = read_card(path.parent)
+        print(f"{str(path.parent):40} {card.env_id:15} {card.behavior_policy['kind']:8} "
+              f"{card.episodes:6} episodes {card.transitions:9} transitions  return {card.returns['mean']:8.1f}")
+
+
+def cmd_datasets_show(args, params: Params) -> None:
+    from collectors.dataset import validate
+
+    card = validate(args.path)
+    print(card.to_json(), end="")
+    print(f"# {args.path}: valid ({len(card.files)} files)", file=sys.stderr)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="orl", description="Offline RL pipeline: collect, train, evaluate, report.")
+    top.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    top.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("collect", help="collect one dataset named in params.yaml")
+    p.add_argument("name", help="key under `datasets` in params.yaml")
+    p.add_argument("--out", type=Path, help="dataset directory (default: datasets/NAME)")
+    p.set_defaults(handler=cmd_collect)
+
+    p = sub.add_parser("train", help="train one algorithm offline on one dataset")
+    p.add_argument("--algo", required=True, help="bc or marwil (hyper-parameters under `algos`)")
+    p.add_argument("--dataset", required=True, type=Path, help="dataset directory")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/ALGO-DATASET)")
+    p.add_argument("--seed", type=int, help="overrides train.seed")
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("reference", help="measure random and expert returns on the evaluation seeds")
+    p.add_argument("--out", type=Path, default=Path("references"))
+    p.set_defaults(handler=cmd_reference)
+
+    p = sub.add_parser("evaluate", help="evaluate a trained policy in its environment")
+    p.add_argument("run_dir", type=Path, help="run directory written by `orl train`")
+    p.add_argument("--references", type=Path, default=Path("references"))
+    p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser("report", help="one table and plots across all evaluated runs")
+    p.add_argument("--runs", type=Path, default=Path("runs"))
+    p.add_argument("--references", type=Path, default=Path("references"))
+    p.add_argument("--out", type=Path, default=Path("reports"))
+    p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("datasets", help="inspect datasets")
+    datasets = p.add_subparsers(dest="action", required=True)
+    q = datasets.add_parser("list", help="one line per dataset")
+    q.add_argument("root", nargs="?", type=Path, default=Path("datasets"))
+    q.set_defaults(handler=cmd_datasets_list)
+    q = datasets.add_parser("show", help="validate a dataset and print its card")
+    q.add_argument("path", type=Path)
+    q.set_defaults(handler=cmd_datasets_show)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    try:
+        args.handler(args, load_params(args.params))
+    except Exception as err:
+        user_error = _user_error(err)
+        if user_error is None or args.debug:
+            raise
+        print(f"orl: error: {user_error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _user_error(err: BaseException) -> UserError | None:
+    """The UserError behind `err`, also when it was raised inside a Ray actor or task."""
+    while err is not None:
+        if isinstance(err, UserError):
+            return err
+        err = getattr(err, "cause", None) or err.__cause__
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""params.yaml, parsed once into typed dataclasses, with one-line errors that name the bad key."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from collectors.config import CollectConfig, DatasetConfig
+from collectors.envs import check_env_id
+from collectors.errors import UserError
+from training.config import AlgosConfig, EvaluateConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Resources of the local Ray instance (ignored when RAY_ADDRESS points at a cluster)."""
+
+    num_cpus: int = 2
+    """Logical CPUs Ray may schedule on; defaults to this 2-core machine's size."""
+
+    def __post_init__(self):
+        if self.num_cpus <= 0:
+            raise ValueError(f"num_cpus must be > 0, got {self.num_cpus}")
+
+
+@dataclass(frozen=True)
+class Params:
+    """All of params.yaml."""
+
+    datasets: dict[str, DatasetConfig]
+    """Datasets to collect, by name; each becomes datasets/NAME."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algos: AlgosConfig = field(default_factory=AlgosConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+    def __post_init__(self):
+        for name, spec in self.datasets.items():
+            try:
+                check_env_id(spec.env)
+            except UserError as err:
+                raise ValueError(f"datasets.{name}.env: {err}") from None
+        missing = [d for d in self.train.datasets if d not in self.datasets]
+        if missing:
+            raise ValueError(f"train.datasets names {missing}, which are not under `datasets`")
+
+    def dataset(self, name: str) -> DatasetConfig:
+        if name not in self.datasets:
+            raise UserError(f"no dataset '{name}' in params.yaml: known are {', '.join(self.datasets)}")
+        return self.datasets[name]
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} not found; run from the project root or pass --params") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    return _build(Params, data or {}, str(path), "")
+
+
+def _build(cls, data, source: str, where: str):
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: {where or 'the file'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise UserError(f"{source}: unknown key '{_join(where, key)}'; known keys: {', '.join(names)}")
+    kwargs = {key: _coerce(hints[key], value, source, _join(where, key)) for key, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise UserError(f"{source}: {where or 'top level'}: {err}") from None
+    except ValueError as err:
+        raise UserError(f"{source}: {where or 'top level'}: {err}") from None
+
+
+def _coerce(tp, value, source: str, where: str):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, source, where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{source}: {where} must be a mapping, got {value!r}")
+        return {str(k): _coerce(args[1], v, source, f"{where}.{k}") for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{source}: {where} must be a list, got {value!r}")
+        return [_coerce(args[0], v, source, f"{where}[{i}]") for i, v in enumerate(value)]
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[tp]
+    if not ok:
+        raise UserError(f"{source}: {where} must be a {tp.__name__}, got {value!r}")
+    return tp(value)
+
+
+def _join(where: str, key) -> str:
+    return f"{where}.{key}" if where else str(key)
