@@ -16,13 +16,19 @@ from collectors.rollout import run_on_actors
 
 
 def code_version() -> str:
-    """This package's version and, inside a git checkout, the commit (marked -dirty if files changed)."""
+    """This package's version and, inside a git checkout, the commit; `.dirty` if collectors/ has local edits.
+
+    Only collectors/ counts as dirty: other files (dvc.lock, params.yaml) change while a pipeline runs.
+    """
     version = metadata.version("offline-rl-pipeline")
+    here = Path(__file__).parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        here = Path(__file__).parent
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
-                                capture_output=True, text=True, check=True).stdout.strip()
-        return f"{version}+{commit}"
+        commit = git("rev-parse", "--short=12", "HEAD")
+        return f"{version}+g{commit}" + (".dirty" if git("status", "--porcelain", "--", ".") else "")
     except (OSError, subprocess.CalledProcessError):
         return version
 

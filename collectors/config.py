@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 POLICY_KINDS = ("random", "expert", "mixture", "model")
 
 
+def require_positive(config, *names: str) -> None:
+    """Raises ValueError naming the first of `names` whose value on `config` is not > 0."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """A behaviour policy."""
@@ -44,8 +52,7 @@ class DatasetConfig:
     """The behaviour policy."""
 
     def __post_init__(self):
-        if self.episodes <= 0:
-            raise ValueError(f"episodes must be > 0, got {self.episodes}")
+        require_positive(self, "episodes")
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,4 @@ class CollectConfig:
     """Episodes per Parquet file; also the unit of work handed to an actor."""
 
     def __post_init__(self):
-        for name in ("num_collectors", "envs_per_collector", "episodes_per_file"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        require_positive(self, "num_collectors", "envs_per_collector", "episodes_per_file")

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 import gymnasium as gym
 import numpy as np
@@ -151,7 +151,6 @@ class DatasetCard:
     code_version: str
     library_versions: dict
     schema_version: int = SCHEMA_VERSION
-    notes: str = field(default="")
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:
@@ -248,7 +247,8 @@ def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | 
             meta = pq.read_metadata(file)
             schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as err:
-            raise UserError(f"{file} is not a readable Parquet file ({err}); re-collect the dataset") from None
+            reason = str(err).splitlines()[0]
+            raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
         _check_schema(file, schema, expected)
         if meta.num_rows != entry["rows"]:
             raise UserError(f"{file} has {meta.num_rows} rows but {CARD_FILE} says {entry['rows']}; re-collect the dataset")
@@ -283,14 +283,6 @@ def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
 # ---------------------------------------------------------------- writing
 
 
-class _FileNames:
-    """Deterministic file names (Ray's default embeds a random UUID, which would change DVC's hash)."""
-
-    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
-        # Ray appends "-{i}.parquet"; one block per task makes i always 0.
-        return f"{FILE_PREFIX}-{task_index:05d}"
-
-
 def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCard:
     """Writes Arrow tables (or ObjectRefs to them), one file each and in order, then the card.
 
@@ -308,11 +300,17 @@ def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCa
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
 
-    DataContext.get_current().execution_options.preserve_order = True
+    class DeterministicNames(FilenameProvider):
+        # Ray's default names embed a random UUID, which would change the DVC hash of identical data.
+        # Ray appends "-{i}.parquet"; one block per write task keeps i at 0.
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"{FILE_PREFIX}-{task_index:05d}"
+
+    DataContext.get_current().execution_options.preserve_order = True  # task i writes table i
     refs = [t if isinstance(t, ray.ObjectRef) else ray.put(t) for t in tables]
-    names = type("FileNames", (_FileNames, FilenameProvider), {})()
+    # OVERWRITE only because APPEND insists on UUIDs in names; the staging directory is new anyway.
     ray.data.from_arrow_refs(refs).write_parquet(
-        str(staging), filename_provider=names, mode=SaveMode.OVERWRITE, compression="zstd"
+        str(staging), filename_provider=DeterministicNames(), mode=SaveMode.OVERWRITE, compression="zstd"
     )
     files = sorted(staging.glob("*.parquet"))
     card = dataclasses.replace(card, files=[{"path": f.name, "rows": pq.read_metadata(f).num_rows} for f in files])
@@ -353,9 +351,8 @@ def torch_dataloader(path: str | os.PathLike, batch_size: int = 256, shuffle: bo
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    arrays = load_arrays(path)
-    actions = torch.from_numpy(arrays[Col.ACTIONS])
-    dataset = TensorDataset(torch.from_numpy(arrays[Col.OBS]), actions)
+    arrays = load_arrays(path)  # may be read-only views of Arrow memory, so torch gets copies
+    dataset = TensorDataset(torch.tensor(arrays[Col.OBS]), torch.tensor(arrays[Col.ACTIONS]))
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
 

@@ -25,7 +25,7 @@ def start_ray(config: RayConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **settings)
     else:
-        ray.init(num_cpus=config.num_cpus, **settings)
+        ray.init(address="local", num_cpus=config.num_cpus, **settings)  # never join a stray local cluster
     DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 

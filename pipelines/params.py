@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from collectors.config import CollectConfig, DatasetConfig
+from collectors.config import CollectConfig, DatasetConfig, require_positive
 from collectors.envs import check_env_id
 from collectors.errors import UserError
 from training.config import AlgosConfig, EvaluateConfig, TrainConfig
@@ -23,8 +23,7 @@ class RayConfig:
     """Logical CPUs Ray may schedule on; defaults to this 2-core machine's size."""
 
     def __post_init__(self):
-        if self.num_cpus <= 0:
-            raise ValueError(f"num_cpus must be > 0, got {self.num_cpus}")
+        require_positive(self, "num_cpus")
 
 
 @dataclass(frozen=True)

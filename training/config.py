@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collectors.config import require_positive
+
 ACTIVATIONS = ("relu", "tanh", "silu")
 
 
@@ -28,11 +30,7 @@ class LearnerParams:
     """Hidden-layer activation: relu, tanh or silu."""
 
     def __post_init__(self):
-        for name in ("batch_size", "iterations", "updates_per_iteration"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration")
         if not self.hidden_layers or min(self.hidden_layers) <= 0:
             raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
         if self.activation not in ACTIVATIONS:
@@ -109,6 +107,4 @@ class EvaluateConfig:
     """Ray actors running evaluation episodes in parallel."""
 
     def __post_init__(self):
-        for name in ("episodes", "num_workers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        require_positive(self, "episodes", "num_workers")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -56,8 +58,6 @@ def git_commit() -> str:
 
 def dvc_digest(path: str | Path) -> str:
     """The DVC hash of a dataset directory (md5 of its file listing, as in dvc.lock: '<md5>.dir')."""
-    import tempfile
-
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.db import HashFileDB
     from dvc_objects.fs.local import LocalFileSystem
@@ -101,17 +101,23 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
         outputs=Schema([output]),
     )
     name = model_name(card.env_id, algo)
-    package_root = Path(__file__).resolve().parent.parent
-    info = mlflow.pyfunc.log_model(
-        name=MODEL_ARTIFACT,
-        python_model=str(Path(__file__).with_name("policy_model.py")),
-        model_config={"action_space": card.action_space},
-        artifacts={"module": str(module_dir)},
-        code_paths=[str(package_root / "collectors"), str(package_root / "training")],
-        signature=signature,
-        pip_requirements=[f"{lib}=={metadata.version(lib)}" for lib in ("ray", "torch", "gymnasium", "mlflow")],
-        registered_model_name=name,
-    )
+    with tempfile.TemporaryDirectory() as scratch:
+        # The model carries the code it imports, so it loads without this package installed.
+        code_paths = []
+        for package in ("collectors", "training"):
+            source = Path(__file__).resolve().parent.parent / package
+            code_paths.append(shutil.copytree(source, Path(scratch) / package,
+                                              ignore=shutil.ignore_patterns("__pycache__")))
+        info = mlflow.pyfunc.log_model(
+            name=MODEL_ARTIFACT,
+            python_model=str(Path(__file__).with_name("policy_model.py")),
+            model_config={"action_space": card.action_space},
+            artifacts={"module": str(module_dir)},
+            code_paths=[str(p) for p in code_paths],
+            signature=signature,
+            pip_requirements=[f"{lib}=={metadata.version(lib)}" for lib in ("ray", "torch", "gymnasium", "mlflow")],
+            registered_model_name=name,
+        )
     version = str(info.registered_model_version)
     client = MlflowClient()
     client.set_registered_model_alias(name, NEWEST_ALIAS, version)

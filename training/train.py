@@ -52,7 +52,9 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
         for iteration in range(1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             mlflow.log_metrics(metrics, step=iteration)
-            curve.append({"iteration": iteration, **metrics, "time_s": time.monotonic() - started})
+            # The curve keeps the losses, which every iteration reports (other stats come and go).
+            losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
+            curve.append({"iteration": iteration, **losses, "time_s": time.monotonic() - started})
             print(f"[{label}] iteration {iteration}/{params.iterations} {CURVE_METRIC}="
                   f"{metrics.get(CURVE_METRIC, float('nan')):.4f} ({time.monotonic() - started:.1f}s)",
                   file=sys.stderr, flush=True)

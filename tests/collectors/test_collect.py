@@ -1,0 +1,55 @@
+"""Collection with real Ray actors: determinism, behaviour policies, every supported environment."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from collectors import dataset
+from collectors.collect import collect
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from collectors.dataset import Col
+from collectors.errors import UserError
+
+
+def file_hashes(path):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+def test_same_params_give_byte_identical_files_whatever_the_actor_count(expert_dataset, tmp_path):
+    spec = DatasetConfig(env="CartPole-v1", episodes=20, seed=3)
+    again = collect("cartpole-expert", spec, CollectConfig(num_collectors=1, envs_per_collector=3,
+                                                           episodes_per_file=5), tmp_path / "again")
+    assert again.files == dataset.read_card(expert_dataset).files
+    assert file_hashes(tmp_path / "again") == file_hashes(expert_dataset)
+
+
+def test_mixture_logs_the_behaviour_log_probability(mixture_dataset):
+    arrays = dataset.load_arrays(mixture_dataset)
+    prob = np.exp(arrays[Col.ACTION_LOGP])
+    # epsilon 0.5 over 2 actions: the expert's action has p = 0.75, the other p = 0.25; both occur.
+    np.testing.assert_allclose(np.unique(prob.round(6)), [0.25, 0.75])
+    card = dataset.read_card(mixture_dataset)
+    assert card.behavior_policy == {"kind": "mixture", "epsilon": 0.5, "model": "", "greedy": False}
+
+
+@pytest.mark.parametrize("env_id,obs_dim,logp", [
+    ("Acrobot-v1", 6, True), ("Pendulum-v1", 3, False), ("LunarLander-v3", 8, True)])
+def test_every_env_collects_and_the_expert_beats_random(env_id, obs_dim, logp, ray_local, tmp_path):
+    settings = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_file=2)
+    cards = {kind: collect(kind, DatasetConfig(env=env_id, episodes=4, seed=0, policy=PolicyConfig(kind=kind)),
+                           settings, tmp_path / kind) for kind in ("random", "expert")}
+    assert cards["expert"].returns["mean"] > cards["random"].returns["mean"]
+    arrays = dataset.load_arrays(tmp_path / "expert")
+    assert arrays[Col.OBS].shape[1] == obs_dim
+    assert (Col.ACTION_LOGP in arrays) == logp
+    assert Col.ACTION_LOGP in dataset.load_arrays(tmp_path / "random")  # uniform density is always known
+
+
+def test_refuses_to_overwrite_an_existing_dataset(expert_dataset):
+    before = file_hashes(expert_dataset)
+    with pytest.raises(UserError, match="already exists"):
+        collect("x", DatasetConfig(env="CartPole-v1", episodes=1, seed=0), CollectConfig(), expert_dataset)
+    assert file_hashes(expert_dataset) == before

@@ -1,0 +1,104 @@
+"""The dataset format: schema, card, validation, and the documented ways to load a dataset."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from collectors import dataset
+from collectors.dataset import CARD_FILE, Col
+from collectors.envs import env_spaces
+from collectors.errors import UserError
+from tests.conftest import copy_dataset
+
+
+def test_column_names_are_rllibs():
+    from ray.rllib.core.columns import Columns
+
+    assert (Col.EPS_ID, Col.T, Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS,
+            Col.TRUNCATEDS, Col.ACTION_LOGP) == (
+        Columns.EPS_ID, Columns.T, Columns.OBS, Columns.ACTIONS, Columns.REWARDS, Columns.NEXT_OBS,
+        Columns.TERMINATEDS, Columns.TRUNCATEDS, Columns.ACTION_LOGP)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "LunarLander-v3"])
+def test_spaces_round_trip_through_json(env_id):
+    for space in env_spaces(env_id):
+        encoded = json.loads(json.dumps(dataset.space_to_dict(space)))
+        assert dataset.space_from_dict(encoded) == space
+
+
+def test_files_are_native_arrow_columns(expert_dataset):
+    card = dataset.validate(expert_dataset)
+    schema = pq.read_schema(expert_dataset / card.files[0]["path"])
+    assert str(schema.field(Col.OBS).type) == "fixed_size_list<element: float>[4]"
+    assert str(schema.field(Col.ACTIONS).type) == "int64"
+    assert [f["path"] for f in card.files] == [f"episodes-{i:05d}-0.parquet" for i in range(4)]
+    for i, entry in enumerate(card.files):  # file i holds episodes 5i .. 5i+4, in order
+        eps_id = pq.read_table(expert_dataset / entry["path"], columns=[Col.EPS_ID])[Col.EPS_ID].to_numpy()
+        assert np.all(np.diff(eps_id) >= 0) and (eps_id[0], eps_id[-1]) == (5 * i, 5 * i + 4)
+
+
+def test_card_describes_the_data(expert_dataset):
+    card = dataset.read_card(expert_dataset)
+    arrays = dataset.load_arrays(expert_dataset)
+    assert card.env_id == "CartPole-v1" and card.behavior_policy["kind"] == "expert"
+    assert card.transitions == len(arrays[Col.REWARDS]) == 10_000
+    assert card.episodes == len(np.unique(arrays[Col.EPS_ID])) == 20
+    assert card.returns["mean"] == 500.0 and card.episode_length["max"] == 500
+    # Consecutive rows chain: new_obs of step t is obs of step t+1 within an episode.
+    same_episode = arrays[Col.EPS_ID][1:] == arrays[Col.EPS_ID][:-1]
+    np.testing.assert_array_equal(arrays[Col.NEW_OBS][:-1][same_episode], arrays[Col.OBS][1:][same_episode])
+    assert np.all(np.diff(arrays[Col.T])[same_episode] == 1)
+
+
+def test_loads_into_pandas_ray_and_torch(expert_dataset, ray_local):
+    frame = dataset.load_pandas(expert_dataset)
+    assert len(frame) == 10_000 and frame[Col.OBS].iloc[0].shape == (4,)
+
+    ray_ds = dataset.load_ray(expert_dataset)
+    assert ray_ds.count() == 10_000
+
+    batches = list(dataset.torch_dataloader(expert_dataset, batch_size=4096))
+    obs, actions = batches[0]
+    assert obs.shape == (4096, 4) and str(obs.dtype) == "torch.float32" and str(actions.dtype) == "torch.int64"
+    assert sum(len(b[1]) for b in batches) == 10_000
+
+
+def test_validation_names_the_missing_directory(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        dataset.validate(tmp_path / "nope")
+
+
+def test_validation_catches_a_truncated_file(expert_dataset, tmp_path):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    victim = sorted(path.glob("*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes()[:1000])
+    with pytest.raises(UserError, match=f"{victim.name} is not a readable Parquet file"):
+        dataset.validate(path)
+
+
+def test_validation_catches_a_renamed_column(expert_dataset, tmp_path):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    victim = sorted(path.glob("*.parquet"))[0]
+    table = pq.read_table(victim)
+    pq.write_table(table.rename_columns(["reward" if n == Col.REWARDS else n for n in table.column_names]), victim)
+    with pytest.raises(UserError, match="column 'rewards' is missing"):
+        dataset.validate(path)
+
+
+def test_validation_catches_a_card_that_disagrees(expert_dataset, tmp_path):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    card = json.loads((path / CARD_FILE).read_text())
+    card["transitions"] += 1
+    (path / CARD_FILE).write_text(json.dumps(card))
+    with pytest.raises(UserError, match="card.json says 10001"):
+        dataset.validate(path)
+
+
+def test_validation_catches_spaces_of_another_env(expert_dataset):
+    with pytest.raises(UserError, match="observation space .* does not match"):
+        dataset.validate(expert_dataset, env_spaces("Acrobot-v1"))

@@ -1,0 +1,94 @@
+"""Shared fixtures: a real local Ray, real collected datasets, a real MLflow server on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_file=5)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def expert_dataset(ray_local, tmp_path_factory) -> Path:
+    """20 expert CartPole episodes (10,000 transitions) in 4 files."""
+    from collectors.collect import collect
+
+    path = tmp_path_factory.mktemp("data") / "cartpole-expert"
+    collect("cartpole-expert", DatasetConfig(env="CartPole-v1", episodes=20, seed=3), TINY_COLLECT, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def mixture_dataset(ray_local, tmp_path_factory) -> Path:
+    from collectors.collect import collect
+
+    path = tmp_path_factory.mktemp("data") / "cartpole-medium"
+    spec = DatasetConfig(env="CartPole-v1", episodes=12, seed=2, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    collect("cartpole-medium", spec, TINY_COLLECT, path)
+    return path
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs the real `orl` command in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 with a SQLite store; stopped after the session."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, cwd=root,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield uri
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()

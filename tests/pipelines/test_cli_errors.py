@@ -1,0 +1,70 @@
+"""Bad input through the real `orl` command: one line naming the problem, exit code 2, nothing overwritten."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, orl
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    return tmp_path
+
+
+def assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("orl: error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in last
+
+
+def test_missing_dataset_path(workdir):
+    result = orl("train", "--algo", "bc", "--dataset", "datasets/nope", cwd=workdir)
+    assert_user_error(result, "datasets/nope does not exist")
+
+
+def test_unknown_algorithm(workdir, expert_dataset):
+    result = orl("train", "--algo", "ppo", "--dataset", str(expert_dataset), cwd=workdir)
+    assert_user_error(result, "unknown algorithm 'ppo'", "bc, marwil")
+
+
+def test_unknown_dataset_name(workdir):
+    assert_user_error(orl("collect", "cartpole-huge", cwd=workdir), "no dataset 'cartpole-huge'")
+
+
+def test_unknown_env_id(workdir):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["datasets"]["cartpole-expert"]["env"] = "Pong-v5"
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), "unknown env id 'Pong-v5'", "CartPole-v1")
+
+
+def test_existing_run_is_not_overwritten(workdir, expert_dataset):
+    run = workdir / "runs" / "bc"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "keep.txt").write_text("precious")
+    result = orl("train", "--algo", "bc", "--dataset", str(expert_dataset), "--out", str(run), cwd=workdir)
+    assert_user_error(result, "checkpoint already exists")
+    assert (run / "checkpoint" / "keep.txt").read_text() == "precious"
+
+
+def test_corrupt_dataset_is_refused_before_training(workdir, expert_dataset):
+    broken = workdir / "broken"
+    shutil.copytree(expert_dataset, broken)
+    victim = sorted(broken.glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    result = orl("train", "--algo", "bc", "--dataset", str(broken), cwd=workdir)
+    assert_user_error(result, victim.name, "not a readable Parquet file")
+
+
+def test_datasets_show_and_list(workdir, expert_dataset):
+    shown = orl("datasets", "show", str(expert_dataset), cwd=workdir)
+    assert shown.returncode == 0 and '"env_id": "CartPole-v1"' in shown.stdout
+    listed = orl("datasets", "list", str(expert_dataset.parent), cwd=workdir)
+    assert listed.returncode == 0 and "cartpole-expert" in listed.stdout and "10000 transitions" in listed.stdout

@@ -1,0 +1,48 @@
+"""params.yaml parsing: typed dataclasses, and one-line errors that name the bad key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from collectors.errors import UserError
+from pipelines.params import load_params
+from tests.conftest import REPO
+
+
+def write_params(tmp_path, mutate):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    mutate(params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def test_the_default_params_parse():
+    params = load_params(REPO / "params.yaml")
+    assert params.datasets["cartpole-expert"].policy.kind == "expert"
+    assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
+    assert set(params.train.datasets) <= set(params.datasets)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda p: p["datasets"]["cartpole-expert"].update(episodes=-5),
+     r"datasets.cartpole-expert: episodes must be > 0, got -5"),
+    (lambda p: p["datasets"]["cartpole-expert"].update(env="CartPole-v9"),
+     r"unknown env id 'CartPole-v9'"),
+    (lambda p: p["algos"]["bc"].update(lr="fast"), r"algos.bc.lr must be a float, got 'fast'"),
+    (lambda p: p["algos"]["marwil"].update(beta=3), r"algos.marwil: beta must be in \[0, 1\], got 3"),
+    (lambda p: p["train"].update(algos=["bc", "ppo"]), r"unknown algorithms \['ppo'\]"),
+    (lambda p: p["train"].update(datasets=["nope"]), r"train.datasets names \['nope'\]"),
+    (lambda p: p["collect"].update(num_colectors=3), r"unknown key 'collect.num_colectors'"),
+    (lambda p: p["datasets"]["cartpole-medium"]["policy"].update(epsilon=1.5), r"epsilon 1.5 is out of range"),
+])
+def test_bad_params_name_the_key(tmp_path, mutate, message):
+    with pytest.raises(UserError, match=message) as err:
+        load_params(write_params(tmp_path, mutate))
+    assert "\n" not in str(err.value) and str(tmp_path / "params.yaml") in str(err.value)
+
+
+def test_a_missing_params_file_says_what_to_do(tmp_path):
+    with pytest.raises(UserError, match="not found; run from the project root"):
+        load_params(tmp_path / "params.yaml")

@@ -1,0 +1,82 @@
+"""The real `dvc repro` in a temporary git + DVC repo with tiny params: end to end, then a no-op."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the default: sqlite:///mlflow.db in the repo
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of the project with small datasets, trained on the expert data only."""
+    root = tmp_path_factory.mktemp("repo")
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(REPO / name, root / name)
+    for package in ("collectors", "training", "pipelines"):
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["datasets"] = {
+        "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
+        "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": {"kind": "expert"}},
+    }
+    params["collect"]["episodes_per_file"] = 10
+    params["train"]["datasets"] = ["cartpole-expert"]
+    params["evaluate"]["episodes"] = 10
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["git", "init", "-q"], root)
+    run(["dvc", "init", "-q"], root)
+    run(["dvc", "repro"], root)
+    return root
+
+
+def test_repro_produces_datasets_runs_and_report(repo):
+    assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {"cartpole-random", "cartpole-expert"}
+    summary = (repo / "reports" / "summary.md").read_text()
+    assert "| CartPole-v1 | cartpole-expert | bc |" in summary
+    for image in ("scores.png", "returns.png", "learning_curves.png"):
+        assert (repo / "reports" / image).stat().st_size > 1000
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert "collect@cartpole-expert" in lock["stages"] and "report" in lock["stages"]
+
+
+def test_bc_and_marwil_clone_the_expert(repo):
+    for algo in ("bc", "marwil"):
+        metrics = json.loads((repo / "runs" / f"{algo}-cartpole-expert" / "eval.json").read_text())
+        assert metrics["normalized_score"] >= 90, (algo, metrics)
+
+
+def test_runs_are_in_the_default_sqlite_store(repo):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("CartPole-v1")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.params["algo"] for r in runs) == ["bc", "marwil"]
+    assert all("eval/normalized_score" in r.data.metrics for r in runs)
+    assert (repo / "mlartifacts").is_dir()
+    assert str(client.get_model_version_by_alias("CartPole-v1-marwil", "cartpole-expert").version) == "1"
+
+
+def test_second_repro_does_nothing_and_metrics_show(repo):
+    result = run(["dvc", "repro"], repo)
+    assert "Data and pipelines are up to date." in result.stdout
+    assert "Running stage" not in result.stdout
+    shown = run(["dvc", "metrics", "show", "--json"], repo)
+    assert "normalized_score" in shown.stdout

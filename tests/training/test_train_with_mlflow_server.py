@@ -1,0 +1,96 @@
+"""`orl train` and `orl evaluate` against a real MLflow server: params, metrics, inputs, models."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+
+from collectors import dataset
+from collectors.collect import collect
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from tests.conftest import REPO, orl
+from training.tracking import NEWEST_ALIAS, dvc_digest
+
+TINY_TRAINING = {"iterations": 3, "updates_per_iteration": 5, "batch_size": 256, "hidden_layers": [32, 32]}
+
+
+@pytest.fixture(scope="module")
+def trained_run(expert_dataset, mlflow_server, tmp_path_factory):
+    """`orl train --algo bc` then `orl evaluate`, both as real subprocesses logging to the server."""
+    work = tmp_path_factory.mktemp("work")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["algos"]["bc"].update(TINY_TRAINING)
+    params["evaluate"].update(episodes=4)
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    for args in (["train", "--algo", "bc", "--dataset", str(expert_dataset), "--out", "runs/bc"],
+                 ["reference"],
+                 ["evaluate", "runs/bc"]):
+        result = orl(*args, cwd=work, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return work / "runs" / "bc", mlflow_server
+
+
+def test_run_has_params_metrics_tags_and_dataset_input(trained_run, expert_dataset):
+    from mlflow import MlflowClient
+
+    run_dir, uri = trained_run
+    info = json.loads((run_dir / "run.json").read_text())
+    client = MlflowClient(uri)
+    run = client.get_run(info["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["algo"] == "bc" and run.data.params["lr"] == "0.001"
+    assert run.data.params["dataset.transitions"] == "10000"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
+    assert run.data.tags["dvc.dataset_digest"] == dvc_digest(expert_dataset)
+    assert len(run.data.tags["git_commit"]) in (40, len("unknown"))
+    assert run.data.metrics["eval/episodes"] == 4 and "eval/normalized_score" in run.data.metrics
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "cartpole-expert"
+    assert dataset_input.dataset.digest == dvc_digest(expert_dataset)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert artifacts == {"plots/learning_curve.png", "plots/eval_returns.png"}
+
+
+def test_registered_model_predicts_and_acts_in_the_env(trained_run):
+    import mlflow.pyfunc
+
+    from collectors.policies import ModulePolicy, load_rl_module
+
+    run_dir, uri = trained_run
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/CartPole-v1-bc@{NEWEST_ALIAS}")
+    assert model.metadata.signature.inputs.inputs[0].shape == (-1, 4)
+    checkpoint_policy = ModulePolicy(load_rl_module(run_dir / "checkpoint"), gym.spaces.Discrete(2), greedy=True)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):  # the tiny training budget does not promise a good policy; see test_dvc_pipeline
+        batch = obs[None].astype(np.float32)
+        (action,) = model.predict(batch)
+        assert env.action_space.contains(int(action))
+        assert action == checkpoint_policy.act(batch, [], [])[0][0]  # the same policy as the checkpoint
+        obs, _, terminated, truncated, _ = env.step(int(action))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    same = mlflow.pyfunc.load_model("models:/CartPole-v1-bc@cartpole-expert")
+    batch = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(model.predict(batch), same.predict(batch))
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "mlflow"])
+def test_a_trained_policy_generates_the_next_dataset(trained_run, ray_local, tmp_path, monkeypatch, source):
+    run_dir, uri = trained_run
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    model = str(run_dir / "checkpoint") if source == "checkpoint" else f"models:/CartPole-v1-bc@{NEWEST_ALIAS}"
+    spec = DatasetConfig(env="CartPole-v1", episodes=4, seed=9, policy=PolicyConfig(kind="model", model=model))
+    card = collect("from-model", spec, CollectConfig(episodes_per_file=2), tmp_path / "ds")
+    assert card.episodes == 4 and card.behavior_policy["model"] == model
+    logp = dataset.load_arrays(tmp_path / "ds")["action_logp"]
+    if source == "checkpoint":  # sampled from the policy's distribution: real log-probabilities
+        assert np.all(logp <= 0) and np.any(logp < 0)
+    else:  # the MLflow model acts greedily: deterministic
+        assert np.all(logp == 0)
