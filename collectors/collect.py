@@ -11,7 +11,7 @@ from pathlib import Path
 from collectors import dataset
 from collectors.config import CollectConfig, DatasetConfig
 from collectors.envs import env_spaces
-from collectors.policies import knows_logp
+from collectors.policies import build_policy, knows_logp
 from collectors.rollout import run_on_actors
 
 
@@ -38,6 +38,7 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: st
     if out_dir.exists():  # fail before any work, not after
         raise dataset.UserError(f"{out_dir} already exists; remove it first (dvc repro does) or pick another name")
     observation_space, action_space = env_spaces(spec.env)
+    build_policy(spec.policy, spec.env, action_space)  # a bad model path or URI fails here, before the actors
     with_logp = knows_logp(spec.policy, action_space)
     n = settings.episodes_per_file
     shards = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]

@@ -203,7 +203,7 @@ def read_card(path: str | os.PathLike) -> DatasetCard:
         return card
     except UserError:
         raise
-    except (ValueError, TypeError, KeyError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise UserError(f"{card_path} is corrupt ({err}); re-collect the dataset") from None
 
 
@@ -225,36 +225,16 @@ def episode_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
-    """Checks a dataset directory against its card; returns the card or raises UserError.
+    """Checks a dataset directory against its card; returns the card or raises UserError naming the problem.
 
-    Every file's footer is read, row counts must match the card and the schema must be exactly the one the
-    card's spaces imply. With `env_spaces`, the card's spaces must equal the environment's.
+    Checked: the card parses; with `env_spaces`, its spaces equal the environment's; the files are exactly those
+    listed; each file reads completely, has exactly the schema the card's spaces imply and the listed row count;
+    values are finite and actions inside the action space; episodes are whole, in ascending eps_id order, with
+    t counting 0, 1, ..., each ending (and only ending) with terminateds or truncateds, and obs chaining from
+    the previous step's new_obs; totals match the card. Files are checked one at a time (bounded memory).
     """
     path = Path(path)
     card = read_card(path)
-    expected = card.schema()
-    listed = {f["path"] for f in card.files}
-    on_disk = {p.name for p in path.glob("*.parquet")}
-    if on_disk != listed:
-        extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
-        raise UserError(
-            f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
-        )
-    rows = 0
-    for entry in card.files:
-        file = path / entry["path"]
-        try:
-            meta = pq.read_metadata(file)
-            schema = meta.schema.to_arrow_schema()
-        except (OSError, pa.ArrowException) as err:
-            reason = str(err).splitlines()[0]
-            raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
-        _check_schema(file, schema, expected)
-        if meta.num_rows != entry["rows"]:
-            raise UserError(f"{file} has {meta.num_rows} rows but {CARD_FILE} says {entry['rows']}; re-collect the dataset")
-        rows += meta.num_rows
-    if rows != card.transitions:
-        raise UserError(f"{path} holds {rows} transitions but {CARD_FILE} says {card.transitions}; re-collect the dataset")
     if env_spaces is not None:
         for what, ours, env_space in zip(("observation", "action"), card.spaces, env_spaces):
             if space_to_dict(ours) != space_to_dict(env_space):
@@ -262,7 +242,84 @@ def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | 
                     f"{path}: the dataset's {what} space {ours} does not match {card.env_id}'s {env_space}; "
                     "use a dataset collected on this environment"
                 )
+    if card.transitions == 0 or not card.files:
+        raise UserError(f"{path} is empty (no transitions); collect it with episodes > 0")
+    listed = {f["path"] for f in card.files}
+    on_disk = {p.name for p in path.glob("*.parquet")}
+    if on_disk != listed:
+        extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
+        raise UserError(
+            f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
+        )
+    rows, episodes, last_eps_id = 0, 0, -1
+    for entry in card.files:
+        file = path / entry["path"]
+        table = _read_checked(file, card.schema())
+        if table.num_rows != entry["rows"]:
+            raise UserError(f"{file} has {table.num_rows} rows but {CARD_FILE} says {entry['rows']}; "
+                            "re-collect the dataset")
+        file_episodes, last_eps_id = _check_values(file, table, card.spaces, last_eps_id)
+        rows, episodes = rows + table.num_rows, episodes + file_episodes
+    if (rows, episodes) != (card.transitions, card.episodes):
+        raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
+                        f"{card.transitions} in {card.episodes}; re-collect the dataset")
     return card
+
+
+def _read_checked(file: Path, expected: pa.Schema) -> pa.Table:
+    try:
+        _check_schema(file, pq.read_schema(file), expected)
+        return pq.read_table(file)
+    except (OSError, pa.ArrowException) as err:
+        reason = str(err).splitlines()[0]
+        raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
+
+
+def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Space], previous_eps_id: int):
+    """Value and episode-structure checks of one file; returns (episodes in it, its last eps_id)."""
+    def fail(column: str, row: int, problem: str):
+        raise UserError(f"{file}: column '{column}' at row {row} {problem}; re-collect the dataset")
+
+    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
+    for name in (Col.OBS, Col.NEW_OBS, Col.REWARDS, Col.ACTION_LOGP):
+        if name in arrays:
+            bad = ~np.isfinite(arrays[name])
+            bad = bad.reshape(len(bad), -1).any(axis=1)
+            if bad.any():
+                fail(name, int(bad.argmax()), "holds NaN or inf")
+    _, action_space = spaces
+    actions = arrays[Col.ACTIONS]
+    if isinstance(action_space, gym.spaces.Discrete):
+        outside = (actions < 0) | (actions >= action_space.n)
+    else:
+        outside = ((actions < action_space.low.ravel()) | (actions > action_space.high.ravel())).any(axis=1)
+    if outside.any():
+        fail(Col.ACTIONS, int(outside.argmax()), f"is outside the action space {action_space}")
+
+    eps_id, t = arrays[Col.EPS_ID], arrays[Col.T]
+    done = arrays[Col.TERMINATEDS] | arrays[Col.TRUNCATEDS]
+    starts = np.flatnonzero(np.r_[True, eps_id[1:] != eps_id[:-1]])
+    first_ids = eps_id[starts]
+    if first_ids[0] <= previous_eps_id or np.any(np.diff(first_ids) <= 0):
+        row = int(starts[np.argmax(np.diff(np.r_[previous_eps_id, first_ids]) <= 0)])
+        fail(Col.EPS_ID, row, "breaks the order: episodes must be whole and in ascending eps_id order")
+    lengths = np.diff(np.r_[starts, len(eps_id)])
+    expected_t = np.arange(len(t)) - np.repeat(starts, lengths)
+    if np.any(t != expected_t):
+        row = int(np.argmax(t != expected_t))
+        fail(Col.T, row, f"is {t[row]} where episode {eps_id[row]} is at step {expected_t[row]}")
+    ends = starts + lengths - 1
+    is_end = np.zeros(len(done), dtype=bool)
+    is_end[ends] = True
+    if np.any(done != is_end):
+        row = int(np.argmax(done != is_end))
+        problem = "ends its episode early" if done[row] else "ends its episode without terminateds or truncateds"
+        fail(Col.TERMINATEDS, row, problem)
+    chained = ~is_end[:-1]
+    mismatch = np.flatnonzero(chained & np.any(arrays[Col.OBS][1:] != arrays[Col.NEW_OBS][:-1], axis=1))
+    if len(mismatch):
+        fail(Col.OBS, int(mismatch[0]) + 1, "is not the previous step's new_obs")
+    return len(starts), int(eps_id[-1])
 
 
 def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:

@@ -6,6 +6,7 @@ Episode `i` of a run with seed `s` resets its environment and seeds its policy r
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -94,7 +95,14 @@ def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: l
     return transitions_table(columns, schema)
 
 
-@ray.remote(num_cpus=1)
+# Tests only: when set to a file path that does not exist yet, the first collector to finish a shard creates
+# the file and dies before returning, as a crashed machine would.
+CRASH_ONCE_ENV = "ORL_TEST_CRASH_COLLECTOR_ONCE"
+
+
+# A collector that dies is restarted and its unfinished shard re-run; episodes are seeded by index, so the
+# redone shard is identical.
+@ray.remote(num_cpus=1, max_restarts=3, max_task_retries=3)
 class Collector:
     """One Ray actor stepping `num_envs` copies of an environment under one behaviour policy."""
 
@@ -106,6 +114,10 @@ class Collector:
     def run(self, eps_ids: list[int]) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
         """The episodes' transitions as one table, and their (returns, lengths): small, for the driver."""
         table = run_episodes(*self.args, eps_ids, self.num_envs)
+        crash_marker = os.environ.get(CRASH_ONCE_ENV)
+        if crash_marker and not os.path.exists(crash_marker):
+            open(crash_marker, "w").close()
+            os._exit(1)
         return table, episode_stats(table)
 
 

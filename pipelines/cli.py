@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def cmd_collect(args, params: Params) -> None:
 
 
 def cmd_train(args, params: Params) -> None:
+    from training.tracking import connect
     from training.train import train
 
     try:
@@ -45,8 +47,10 @@ def cmd_train(args, params: Params) -> None:
     except ValueError as err:
         raise UserError(str(err)) from None
     out = args.out or Path("runs") / f"{args.algo}-{Path(args.dataset).name}"
+    connect()  # an unreachable tracking server fails now, before Ray starts
     start_ray(params.ray)
-    train(args.algo, algo_params, args.dataset, out, params.train.seed if args.seed is None else args.seed)
+    seed = params.train.seed if args.seed is None else args.seed
+    train(args.algo, algo_params, args.dataset, out, seed, params.train.checkpoint_every)
 
 
 def cmd_reference(args, params: Params) -> None:
@@ -84,6 +88,16 @@ def cmd_datasets_show(args, params: Params) -> None:
     card = validate(args.path)
     print(card.to_json(), end="")
     print(f"# {args.path}: valid ({len(card.files)} files)", file=sys.stderr)
+
+
+def cmd_datasets_validate(args, params: Params) -> None:
+    from collectors.dataset import validate
+    from collectors.envs import env_spaces
+
+    for path in args.paths:
+        card = validate(path)
+        validate(path, env_spaces(card.env_id))  # the card's spaces must also be the environment's
+        print(f"{path}: valid ({card.episodes} episodes, {card.transitions} transitions, {len(card.files)} files)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,12 +141,17 @@ def parser() -> argparse.ArgumentParser:
     q = datasets.add_parser("show", help="validate a dataset and print its card")
     q.add_argument("path", type=Path)
     q.set_defaults(handler=cmd_datasets_show)
+    q = datasets.add_parser("validate", help="run every check collect and train run on datasets")
+    q.add_argument("paths", nargs="+", type=Path)
+    q.set_defaults(handler=cmd_datasets_validate)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         args.handler(args, load_params(args.params))
     except Exception as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,23 @@ def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> s
     """Runs the real `orl` command in a subprocess."""
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """`orl` failed as a user error should: exit 2, no traceback, one last line naming the problem."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("orl: error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in last
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kills what is left of a process started with start_new_session (its Ray processes), as a machine loss."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _free_port() -> int:

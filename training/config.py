@@ -88,8 +88,11 @@ class TrainConfig:
     """Datasets to train on (keys of `datasets`)."""
     seed: int = 0
     """Seed of network initialisation and batch sampling."""
+    checkpoint_every: int = 10
+    """Iterations between resume checkpoints: a killed `orl train` re-run with the same inputs continues."""
 
     def __post_init__(self):
+        require_positive(self, "checkpoint_every")
         unknown = [a for a in self.algos if a not in AlgosConfig.names()]
         if unknown:
             raise ValueError(f"unknown algorithms {unknown}: use some of {', '.join(AlgosConfig.names())}")

@@ -63,6 +63,7 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
         raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
     info = run.info()
     reference = read_reference(references_dir, info["env_id"], config)
+    tracking.connect()  # before the episodes, so an unreachable server fails fast
     policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=True)
     returns = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
                               label=f"evaluate {run.path.name}")
@@ -75,7 +76,6 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     plots.return_distributions({run.path.name: list(returns)},
                                {k: reference[k]["mean"] for k in REFERENCE_POLICIES}, run.eval_returns_plot)
 
-    mlflow.set_tracking_uri(tracking.tracking_uri())
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")

@@ -49,6 +49,20 @@ class RunDir:
     def eval_returns_plot(self) -> Path:
         return self.path / "eval_returns.png"
 
+    @property
+    def resume_dir(self) -> Path:
+        """State of an interrupted `orl train`; outside DVC's outs, so re-running the stage finds it."""
+        return self.path / ".resume"
+
+    @property
+    def resume_checkpoint(self) -> Path:
+        return self.resume_dir / "checkpoint"
+
+    @property
+    def resume_state(self) -> Path:
+        """Inside the checkpoint directory, so one rename replaces both together."""
+        return self.resume_checkpoint / "orl_resume.json"
+
     def info(self) -> dict:
         return json.loads(self.run_info.read_text())
 

@@ -26,6 +26,31 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
 
 
+def connect() -> str:
+    """Points MLflow at the tracking store, failing in seconds if a server does not answer; returns the URI."""
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        _check_server(uri)
+    if uri.startswith("sqlite:///"):
+        _create_sqlite_store(uri)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def _create_sqlite_store(uri: str) -> None:
+    """Creates the store's tables under a file lock: processes that start together on a new SQLite file would
+    otherwise race to create them ("table ... already exists")."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        MlflowClient(uri).search_experiments(max_results=1)
+
+
 def use_experiment(name: str) -> str:
     """Points MLflow at the tracking store and the experiment `name` (created on first use); returns its id.
 
@@ -33,7 +58,7 @@ def use_experiment(name: str) -> str:
     """
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri())
+    uri = connect()
     try:
         experiment = mlflow.get_experiment_by_name(name)
         if experiment is None:
@@ -45,8 +70,21 @@ def use_experiment(name: str) -> str:
                 experiment = mlflow.get_experiment_by_name(name)
         return experiment.experiment_id
     except MlflowException as err:
-        raise UserError(f"MLflow tracking store {tracking_uri()} is not usable ({str(err).splitlines()[0]}); "
+        raise UserError(f"MLflow tracking store {uri} is not usable ({str(err).splitlines()[0]}); "
                         "check MLFLOW_TRACKING_URI") from None
+
+
+def _check_server(uri: str, timeout_s: float = 5.0) -> None:
+    """Fails in seconds on a server that does not answer (MLflow's own client retries for minutes)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise UserError(f"MLflow tracking server {uri} does not answer ({reason}); start it, or unset "
+                        "MLFLOW_TRACKING_URI to use the local sqlite:///mlflow.db") from None
 
 
 def git_commit() -> str:

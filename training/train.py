@@ -1,10 +1,14 @@
-"""`orl train`: one algorithm on one dataset with RLlib, tracked in MLflow."""
+"""`orl train`: one algorithm on one dataset with RLlib, tracked in MLflow, resumable after a crash."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
+import json
 import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,7 +33,8 @@ def learner_metrics(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: str | Path, seed: int) -> dict:
+def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: str | Path, seed: int,
+          checkpoint_every: int) -> dict:
     dataset_dir, run = Path(dataset_dir), RunDir(Path(out_dir))
     card = dataset.read_card(dataset_dir)
     card = dataset.validate(dataset_dir, env_spaces(card.env_id))
@@ -39,25 +44,40 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
     experiment_id = tracking.use_experiment(card.env_id)  # an unusable tracking store fails before training
     digest = tracking.dvc_digest(dataset_dir)
     label = f"train {algo} {card.name}"
+    fingerprint = hashlib.sha256(json.dumps([algo, dataclasses.asdict(params), digest, seed]).encode()).hexdigest()
+    resume = _load_resume(run, fingerprint)
 
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"{algo}-{card.name}") as mlflow_run:
-        mlflow.log_params({"algo": algo, "seed": seed, **dataclasses.asdict(params),
-                           **{f"dataset.{k}": v for k, v in card.summary().items()}})
-        mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
-                         "dataset": card.name, "env_id": card.env_id, "algo": algo})
-        tracking.log_dataset_input(card, dataset_dir, digest)
+    # A resumed run continues its MLflow run; a new one starts with params, tags and the dataset input.
+    start = {"run_id": resume["mlflow_run_id"]} if resume else {"experiment_id": experiment_id,
+                                                               "run_name": f"{algo}-{card.name}"}
+    with mlflow.start_run(**start) as mlflow_run:
+        if resume is None:
+            mlflow.log_params({"algo": algo, "seed": seed, **dataclasses.asdict(params),
+                               **{f"dataset.{k}": v for k, v in card.summary().items()}})
+            mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
+                             "dataset": card.name, "env_id": card.env_id, "algo": algo})
+            tracking.log_dataset_input(card, dataset_dir, digest)
 
         algorithm = rllib_config(algo, params, card.spaces, dataset_dir, seed).build_algo()
-        curve, started = [], time.monotonic()
-        for iteration in range(1, params.iterations + 1):
+        curve = resume["curve"] if resume else []
+        if resume:
+            # The learner group holds the weights and optimizer state. Algorithm.restore_from_path would also
+            # sync env runners, which offline training does not have (it fails on None in RLlib 2.60).
+            algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
+            print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}", file=sys.stderr)
+        started = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0)
+        for iteration in range(len(curve) + 1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             mlflow.log_metrics(metrics, step=iteration)
             # The curve keeps the losses, which every iteration reports (other stats come and go).
             losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
             curve.append({"iteration": iteration, **losses, "time_s": time.monotonic() - started})
             print(f"[{label}] iteration {iteration}/{params.iterations} {CURVE_METRIC}="
-                  f"{metrics.get(CURVE_METRIC, float('nan')):.4f} ({time.monotonic() - started:.1f}s)",
+                  f"{metrics.get(CURVE_METRIC, float('nan')):.4f} ({curve[-1]['time_s']:.1f}s)",
                   file=sys.stderr, flush=True)
+            if iteration % checkpoint_every == 0 and iteration < params.iterations:
+                _save_resume(algorithm, run, {"fingerprint": fingerprint, "curve": curve,
+                                              "mlflow_run_id": mlflow_run.info.run_id})
         algorithm.save_to_path(run.checkpoint.resolve())
         algorithm.stop()
         del algorithm
@@ -68,6 +88,7 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
         write_json(run.train_metrics, final)
         plots.learning_curves({f"{algo}-{card.name}": curve}, CURVE_METRIC, run.learning_curve_plot)
         mlflow.log_artifact(str(run.learning_curve_plot), "plots")
+        # Registered only now, after the checkpoint and model files exist: no version points at nothing.
         name, version = tracking.log_policy_model(card, run.checkpoint / MODULE_SUBDIR, algo)
         info = {
             "algo": algo,
@@ -79,6 +100,35 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
             "registered_model": {"name": name, "version": version, "uri": f"models:/{name}/{version}"},
         }
         write_json(run.run_info, info)
+    shutil.rmtree(run.resume_dir, ignore_errors=True)
     print(f"[{label}] done: checkpoint {run.checkpoint}, MLflow run {info['mlflow_run_id']}, "
           f"model {name} v{version}", file=sys.stderr)
     return info
+
+
+def _load_resume(run: RunDir, fingerprint: str) -> dict | None:
+    """The saved state of an interrupted run with the same algorithm, params, data and seed, if any.
+
+    State from a run with other inputs is discarded, and its MLflow run marked FAILED.
+    """
+    if not run.resume_state.is_file():
+        return None
+    state = json.loads(run.resume_state.read_text())
+    if state["fingerprint"] == fingerprint:
+        return state
+    mlflow.MlflowClient().set_terminated(state["mlflow_run_id"], "FAILED")
+    shutil.rmtree(run.resume_dir)
+    return None
+
+
+def _save_resume(algorithm, run: RunDir, state: dict) -> None:
+    """Checkpoint and state written aside, then swapped in by renames: a kill leaves the old pair or the new."""
+    staging, retired = run.resume_dir / "staging", run.resume_dir / "retired"
+    for leftover in (staging, retired):
+        shutil.rmtree(leftover, ignore_errors=True)
+    algorithm.save_to_path(staging.resolve())
+    write_json(staging / run.resume_state.name, state)
+    if run.resume_checkpoint.exists():
+        os.rename(run.resume_checkpoint, retired)
+    os.rename(staging, run.resume_checkpoint)
+    shutil.rmtree(retired, ignore_errors=True)

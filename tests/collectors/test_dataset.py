@@ -95,10 +95,55 @@ def test_validation_catches_a_card_that_disagrees(expert_dataset, tmp_path):
     card = json.loads((path / CARD_FILE).read_text())
     card["transitions"] += 1
     (path / CARD_FILE).write_text(json.dumps(card))
-    with pytest.raises(UserError, match="card.json says 10001"):
+    with pytest.raises(UserError, match="holds 10000 transitions in 20 episodes but _card.json says 10001"):
         dataset.validate(path)
 
 
 def test_validation_catches_spaces_of_another_env(expert_dataset):
     with pytest.raises(UserError, match="observation space .* does not match"):
         dataset.validate(expert_dataset, env_spaces("Acrobot-v1"))
+
+
+def rewrite_file(path, index, change):
+    """Applies `change` (table -> table) to the index-th Parquet file of the dataset at `path`."""
+    victim = sorted(path.glob("*.parquet"))[index]
+    pq.write_table(change(pq.read_table(victim)), victim)
+    return victim
+
+
+def replace_column(table, name, values):
+    import pyarrow as pa
+
+    return table.set_column(table.schema.get_field_index(name), table.schema.field(name),
+                            pa.array(values, type=table.schema.field(name).type))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda t: t.set_column(t.schema.get_field_index(Col.REWARDS), Col.REWARDS, t[Col.REWARDS].cast("float64")),
+     "column 'rewards' has type double, expected float"),
+    (lambda t: replace_column(t, Col.REWARDS, np.where(np.arange(t.num_rows) == 7, np.nan, 1.0)),
+     "column 'rewards' at row 7 holds NaN or inf"),
+    (lambda t: replace_column(t, Col.ACTIONS, np.where(np.arange(t.num_rows) == 3, 5, 0)),
+     "column 'actions' at row 3 is outside the action space Discrete(2)"),
+    (lambda t: replace_column(t, Col.T, np.where(np.arange(t.num_rows) == 9, 99, t[Col.T].to_numpy())),
+     "column 't' at row 9 is 99 where episode 0 is at step 9"),
+    (lambda t: replace_column(t, Col.TERMINATEDS, np.arange(t.num_rows) == 4),
+     "column 'terminateds' at row 4 ends its episode early"),
+    (lambda t: t.take(np.r_[np.arange(500, 1000), np.arange(0, 500), np.arange(1000, t.num_rows)]),
+     "column 'eps_id' at row 500 breaks the order"),
+])
+def test_validation_names_the_bad_value(expert_dataset, tmp_path, change, message):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    victim = rewrite_file(path, 0, change)
+    with pytest.raises(UserError, match=f"{victim.name}: {message}".replace("(", r"\(").replace(")", r"\)")):
+        dataset.validate(path)
+
+
+def test_validation_refuses_an_empty_dataset(expert_dataset, tmp_path):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    card = json.loads((path / CARD_FILE).read_text())
+    for file in path.glob("*.parquet"):
+        file.unlink()
+    (path / CARD_FILE).write_text(json.dumps({**card, "files": [], "transitions": 0, "episodes": 0}))
+    with pytest.raises(UserError, match="is empty"):
+        dataset.validate(path)

@@ -7,21 +7,13 @@ import shutil
 import pytest
 import yaml
 
-from tests.conftest import REPO, orl
+from tests.conftest import REPO, assert_user_error, orl
 
 
 @pytest.fixture
 def workdir(tmp_path):
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     return tmp_path
-
-
-def assert_user_error(result, *fragments):
-    assert result.returncode == 2, result.stderr[-2000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("orl: error: ") and "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in last
 
 
 def test_missing_dataset_path(workdir):
@@ -68,3 +60,26 @@ def test_datasets_show_and_list(workdir, expert_dataset):
     assert shown.returncode == 0 and '"env_id": "CartPole-v1"' in shown.stdout
     listed = orl("datasets", "list", str(expert_dataset.parent), cwd=workdir)
     assert listed.returncode == 0 and "cartpole-expert" in listed.stdout and "10000 transitions" in listed.stdout
+
+
+@pytest.mark.parametrize("model,message", [
+    ("models:/CartPole-v1-nope@newest", "cannot load MLflow model 'models:/CartPole-v1-nope@newest'"),
+    ("runs/missing/checkpoint", "runs/missing/checkpoint is not a checkpoint made by `orl train`"),
+])
+def test_a_behaviour_model_that_does_not_exist(workdir, model, message):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["datasets"]["from-model"] = {"env": "CartPole-v1", "episodes": 2, "seed": 0,
+                                        "policy": {"kind": "model", "model": model}}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    result = orl("collect", "from-model", cwd=workdir, env={"MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/m.db"})
+    assert_user_error(result, message)
+    assert not (workdir / "datasets" / "from-model").exists()
+
+
+def test_datasets_validate(workdir, expert_dataset):
+    good = orl("datasets", "validate", str(expert_dataset), cwd=workdir)
+    assert good.returncode == 0 and "valid (20 episodes, 10000 transitions, 4 files)" in good.stdout
+    broken = workdir / "broken"
+    shutil.copytree(expert_dataset, broken)
+    (broken / "_card.json").write_text("{not json")
+    assert_user_error(orl("datasets", "validate", str(broken), cwd=workdir), "_card.json is corrupt")
