@@ -11,6 +11,7 @@ from pathlib import Path
 from collectors import dataset
 from collectors.config import CollectConfig, DatasetConfig
 from collectors.envs import env_spaces
+from collectors.errors import refuse_to_overwrite
 from collectors.policies import build_policy, knows_logp
 from collectors.rollout import run_on_actors
 
@@ -35,15 +36,14 @@ def code_version() -> str:
 
 def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: str | Path) -> dataset.DatasetCard:
     out_dir = Path(out_dir)
-    if out_dir.exists():  # fail before any work, not after
-        raise dataset.UserError(f"{out_dir} already exists; remove it first (dvc repro does) or pick another name")
+    refuse_to_overwrite(out_dir)  # before any work, not after
     observation_space, action_space = env_spaces(spec.env)
     build_policy(spec.policy, spec.env, action_space)  # a bad model path or URI fails here, before the actors
     with_logp = knows_logp(spec.policy, action_space)
     n = settings.episodes_per_file
     shards = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
     tables, returns, lengths = run_on_actors(spec.env, spec.policy, spec.seed, shards, settings.num_collectors,
-                                    settings.envs_per_collector, label=f"collect {name}")
+                                             settings.envs_per_collector, label=f"collect {name}")
     card = dataset.DatasetCard(
         name=name,
         env_id=spec.env,

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collectors.errors import UserError
+from collectors.errors import UserError, refuse_to_overwrite
 
 SCHEMA_VERSION = 1
 CARD_FILE = "_card.json"
@@ -351,8 +351,7 @@ def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCa
     from ray.data.datasource import FilenameProvider, SaveMode
 
     path = Path(path)
-    if path.exists():
-        raise UserError(f"{path} already exists; remove it first (dvc repro does) or pick another name")
+    refuse_to_overwrite(path)
     staging = path.parent / f".{path.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)

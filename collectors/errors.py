@@ -6,3 +6,9 @@ class UserError(Exception):
 
     The `orl` command prints it without a traceback and exits non-zero.
     """
+
+
+def refuse_to_overwrite(path) -> None:
+    """Outputs are never overwritten: raises if `path` exists."""
+    if path.exists():
+        raise UserError(f"{path} already exists; remove it first (dvc repro does) or choose another output")

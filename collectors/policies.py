@@ -133,6 +133,19 @@ def is_mlflow_uri(model: str) -> bool:
     return "://" in model or model.startswith(("models:/", "runs:/"))
 
 
+def worker_env_vars(config: PolicyConfig) -> dict[str, str]:
+    """Environment that Ray workers need to build this policy: the driver's MLflow tracking store, as an
+    absolute URI (workers run in other directories, or on other machines)."""
+    if config.kind != "model" or not is_mlflow_uri(config.model):
+        return {}
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    return {"MLFLOW_TRACKING_URI": uri}
+
+
 def load_rl_module(path: str | Path):
     """The RLModule in an `orl train` checkpoint directory (or in a bare RLModule directory)."""
     from ray.rllib.core.rl_module.rl_module import RLModule

@@ -17,7 +17,7 @@ import ray
 from collectors.config import PolicyConfig
 from collectors.dataset import Col, arrow_schema, episode_stats, transitions_table
 from collectors.envs import make_env
-from collectors.policies import build_policy, knows_logp
+from collectors.policies import build_policy, knows_logp, worker_env_vars
 
 
 def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
@@ -127,7 +127,9 @@ def run_on_actors(env_id: str, policy_config: PolicyConfig, seed: int, shards: l
 
     Returns (table refs in shard order, per-episode returns and lengths in eps_id order).
     """
-    actors = [Collector.remote(env_id, policy_config, seed, num_envs) for _ in range(min(num_actors, len(shards)))]
+    options = {"runtime_env": {"env_vars": env_vars}} if (env_vars := worker_env_vars(policy_config)) else {}
+    actors = [Collector.options(**options).remote(env_id, policy_config, seed, num_envs)
+              for _ in range(min(num_actors, len(shards)))]
     calls = [actors[i % len(actors)].run.remote(shard) for i, shard in enumerate(shards)]
     table_refs = [table for table, _ in calls]
     stats_refs = [stats for _, stats in calls]

@@ -17,7 +17,7 @@ import mlflow
 
 from collectors import dataset
 from collectors.envs import env_spaces
-from collectors.errors import UserError
+from collectors.errors import refuse_to_overwrite
 from collectors.policies import MODULE_SUBDIR
 from training import plots, tracking
 from training.algorithms import rllib_config
@@ -38,9 +38,8 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
     dataset_dir, run = Path(dataset_dir), RunDir(Path(out_dir))
     card = dataset.read_card(dataset_dir)
     card = dataset.validate(dataset_dir, env_spaces(card.env_id))
-    for existing in (run.checkpoint, run.run_info):
-        if existing.exists():
-            raise UserError(f"{existing} already exists; remove it first (dvc repro does) or pick another --out")
+    for output in (run.checkpoint, run.run_info):
+        refuse_to_overwrite(output)
     experiment_id = tracking.use_experiment(card.env_id)  # an unusable tracking store fails before training
     digest = tracking.dvc_digest(dataset_dir)
     label = f"train {algo} {card.name}"
