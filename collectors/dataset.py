@@ -233,6 +233,15 @@ def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | 
     t counting 0, 1, ..., each ending (and only ending) with terminateds or truncateds, and obs chaining from
     the previous step's new_obs; totals match the card. Files are checked one at a time (bounded memory).
     """
+    card, tables = _validated_tables(path, env_spaces)
+    for _ in tables:
+        pass
+    return card
+
+
+def _validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None):
+    """(card, generator of each file's table once checked); the generator raises at the first problem and
+    checks the totals after the last file. Lets loaders read each file once."""
     path = Path(path)
     card = read_card(path)
     if env_spaces is not None:
@@ -251,19 +260,23 @@ def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | 
         raise UserError(
             f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
         )
-    rows, episodes, last_eps_id = 0, 0, -1
-    for entry in card.files:
-        file = path / entry["path"]
-        table = _read_checked(file, card.schema())
-        if table.num_rows != entry["rows"]:
-            raise UserError(f"{file} has {table.num_rows} rows but {CARD_FILE} says {entry['rows']}; "
-                            "re-collect the dataset")
-        file_episodes, last_eps_id = _check_values(file, table, card.spaces, last_eps_id)
-        rows, episodes = rows + table.num_rows, episodes + file_episodes
-    if (rows, episodes) != (card.transitions, card.episodes):
-        raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
-                        f"{card.transitions} in {card.episodes}; re-collect the dataset")
-    return card
+
+    def tables():
+        rows, episodes, last_eps_id = 0, 0, -1
+        for entry in card.files:
+            file = path / entry["path"]
+            table = _read_checked(file, card.schema())
+            if table.num_rows != entry["rows"]:
+                raise UserError(f"{file} has {table.num_rows} rows but {CARD_FILE} says {entry['rows']}; "
+                                "re-collect the dataset")
+            file_episodes, last_eps_id = _check_values(file, table, card.spaces, last_eps_id)
+            rows, episodes = rows + table.num_rows, episodes + file_episodes
+            yield table
+        if (rows, episodes) != (card.transitions, card.episodes):
+            raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
+                            f"{card.transitions} in {card.episodes}; re-collect the dataset")
+
+    return card, tables()
 
 
 def _read_checked(file: Path, expected: pa.Schema) -> pa.Table:
@@ -379,19 +392,23 @@ def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCa
 # ---------------------------------------------------------------- loading, for training and for users
 
 
+def _load_table(path: str | os.PathLike) -> pa.Table:
+    """The whole dataset as one Arrow table, each file read once and validated on the way."""
+    card, tables = _validated_tables(path)
+    names = card.schema().names  # files may order their columns differently
+    return pa.concat_tables([table.select(names) for table in tables])
+
+
 def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The whole validated dataset in memory as numpy arrays: obs is (N, d), actions (N,) or (N, k)."""
-    card = validate(path)
-    table = pq.read_table([Path(path) / f["path"] for f in card.files], schema=card.schema())
+    table = _load_table(path)
     return {name: column_to_numpy(table[name]) for name in table.column_names}
 
 
 def load_pandas(path: str | os.PathLike):
-    """A pandas DataFrame, one row per transition (obs cells are numpy arrays)."""
-    import pandas as pd
-
-    validate(path)
-    return pd.read_parquet(path)
+    """A pandas DataFrame, one row per transition (obs cells are numpy arrays); the same as
+    `pd.read_parquet(path)`, validated."""
+    return _load_table(path).to_pandas()
 
 
 def load_ray(path: str | os.PathLike):

@@ -91,12 +91,11 @@ def cmd_datasets_show(args, params: Params) -> None:
 
 
 def cmd_datasets_validate(args, params: Params) -> None:
-    from collectors.dataset import validate
+    from collectors.dataset import read_card, validate
     from collectors.envs import env_spaces
 
     for path in args.paths:
-        card = validate(path)
-        validate(path, env_spaces(card.env_id))  # the card's spaces must also be the environment's
+        card = validate(path, env_spaces(read_card(path).env_id))  # the card's spaces must be the env's too
         print(f"{path}: valid ({card.episodes} episodes, {card.transitions} transitions, {len(card.files)} files)")
 
 
