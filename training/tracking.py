@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -29,12 +30,18 @@ def tracking_uri() -> str:
 def connect() -> str:
     """Points MLflow at the tracking store, failing in seconds if a server does not answer; returns the URI."""
     uri = tracking_uri()
+    _prepare_store(uri)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+@functools.cache
+def _prepare_store(uri: str) -> None:
+    """Once per store and process: the server answers, or the SQLite tables exist."""
     if uri.startswith(("http://", "https://")):
         _check_server(uri)
     if uri.startswith("sqlite:///"):
         _create_sqlite_store(uri)
-    mlflow.set_tracking_uri(uri)
-    return uri
 
 
 def _create_sqlite_store(uri: str) -> None:
