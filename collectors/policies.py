@@ -87,9 +87,13 @@ class ModulePolicy(Policy):
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
 
+        batch = {"obs": torch.as_tensor(obs, dtype=torch.float32)}
         with torch.no_grad():
-            out = self.module.forward_inference({"obs": torch.as_tensor(obs, dtype=torch.float32)})
-        return out["action_dist_inputs"].numpy()
+            out = self.module.forward_inference(batch)
+            if "action_dist_inputs" in out:
+                return out["action_dist_inputs"].numpy()
+            # Value-based modules (DQN) infer greedy actions only; their Q-values serve as logits (Boltzmann).
+            return self.module.compute_q_values(batch)["qf_preds"].numpy()
 
     def act(self, obs, rngs, envs):
         inputs = self.distribution_inputs(obs)

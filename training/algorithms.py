@@ -6,7 +6,8 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from training.config import BCParams, LearnerParams, MARWILParams
+from collectors.errors import UserError
+from training.config import BCParams, DQNParams, LearnerParams, MARWILParams
 
 # RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
 # on a 2-CPU node forever. One pre-learner actor leaves a CPU for reading; clusters can scale it up.
@@ -35,7 +36,17 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
 
 def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, seed: int):
     """The RLlib AlgorithmConfig that trains `algo` offline on the dataset directory."""
-    if isinstance(params, MARWILParams):
+    if isinstance(params, DQNParams):
+        from training.offline_dqn import OfflineDQNConfig
+
+        if not isinstance(spaces[1], gym.spaces.Discrete):
+            raise UserError(f"{algo} needs discrete actions; this dataset's action space is {spaces[1]}")
+        config = OfflineDQNConfig().training(
+            gamma=params.gamma, double_q=params.double_q, dueling=params.dueling, cql_alpha=params.cql_alpha,
+            # RLlib counts target-update periods in sampled steps; offline, one update samples a batch.
+            target_network_update_freq=params.target_update_every * params.batch_size,
+        )
+    elif isinstance(params, MARWILParams):
         from ray.rllib.algorithms.marwil import MARWILConfig
 
         config = MARWILConfig().training(beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma)

@@ -62,11 +62,38 @@ class MARWILParams(LearnerParams):
 
 
 @dataclass(frozen=True)
+class DQNParams(LearnerParams):
+    """Offline DQN (double Q, dueling heads, target network) with an optional conservative penalty."""
+
+    gamma: float = 0.99
+    """Discount."""
+    target_update_every: int = 100
+    """Gradient updates between target-network syncs."""
+    double_q: bool = True
+    """Pick the next action with the online network and value it with the target network."""
+    dueling: bool = True
+    """Separate value and advantage heads."""
+    cql_alpha: float = 0.0
+    """Weight of CQL's logsumexp penalty, which pushes down Q-values of actions the data does not take; 0 is
+    plain DQN."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_positive(self, "target_update_every")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.cql_alpha < 0:
+            raise ValueError(f"cql_alpha must be >= 0, got {self.cql_alpha}")
+
+
+@dataclass(frozen=True)
 class AlgosConfig:
     """Hyper-parameters per algorithm; the keys are the names `orl train --algo` takes."""
 
     bc: BCParams = field(default_factory=BCParams)
     marwil: MARWILParams = field(default_factory=MARWILParams)
+    dqn: DQNParams = field(default_factory=DQNParams)
+    cql_dqn: DQNParams = field(default_factory=lambda: DQNParams(cql_alpha=1.0))
 
     def get(self, algo: str) -> LearnerParams:
         if algo not in self.names():
