@@ -80,9 +80,12 @@ class ModulePolicy(Policy):
     """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy."""
 
     def __init__(self, module, action_space: gym.Space, greedy: bool):
+        from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
+
         self.module = module
         self.space = action_space
         self.greedy = greedy
+        self.squashed = issubclass(module.get_inference_action_dist_cls(), TorchSquashedGaussian)
 
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
@@ -107,11 +110,14 @@ class ModulePolicy(Policy):
             u = np.array([rng.random() for rng in rngs])[:, None] * cdf[:, -1:]
             actions = (u > cdf).sum(axis=1).clip(max=self.space.n - 1)
             return actions, logp_all[np.arange(len(actions)), actions].astype(np.float32)
-        # Box: RLlib's diagonal Gaussian takes [mean, log_std]; clipping to the bounds makes density moot.
+        # Box: RLlib's (diagonal or tanh-squashed) Gaussian takes [mean, log_std]; clipping to the bounds makes
+        # density moot.
         mean, log_std = np.split(inputs, 2, axis=1)
         if not self.greedy:
             noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
             mean = mean + np.exp(log_std) * noise
+        if self.squashed:  # SAC/CQL act in [-1, 1] (training/offline_cql.py); rescale to the bounds
+            mean = self.space.low + (np.tanh(mean) + 1.0) / 2.0 * (self.space.high - self.space.low)
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None
 

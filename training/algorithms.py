@@ -7,7 +7,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from collectors.errors import UserError
-from training.config import BCParams, DQNParams, LearnerParams, MARWILParams
+from training.config import BCParams, CQLParams, DQNParams, LearnerParams, MARWILParams
 
 # RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
 # on a 2-CPU node forever. One pre-learner actor leaves a CPU for reading; clusters can scale it up.
@@ -24,14 +24,23 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
             input_=[str(Path(dataset_dir).resolve())],
             dataset_num_iters_per_learner=params.updates_per_iteration,
             map_batches_kwargs=SMALL_MACHINE_MAP_BATCHES,
+            # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
+            # or two episodes, which stalls and can diverge Q-learning.
+            iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
         )
         .learners(num_learners=0)
-        .training(lr=params.lr, train_batch_size_per_learner=params.batch_size)
+        .training(train_batch_size_per_learner=params.batch_size)
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
                                                    fcnet_activation=params.activation))
         .debugging(seed=seed)
-        .reporting(min_time_s_per_iteration=0)
+        # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
+        .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
+
+
+def curve_loss(params: LearnerParams) -> str:
+    """The learner statistic a learning curve follows: the critic's TD loss for Q-learning, else the policy's."""
+    return "qf_loss" if isinstance(params, (DQNParams, CQLParams)) else "policy_loss"
 
 
 def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, seed: int):
@@ -42,18 +51,29 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
         if not isinstance(spaces[1], gym.spaces.Discrete):
             raise UserError(f"{algo} needs discrete actions; this dataset's action space is {spaces[1]}")
         config = OfflineDQNConfig().training(
-            gamma=params.gamma, double_q=params.double_q, dueling=params.dueling, cql_alpha=params.cql_alpha,
-            # RLlib counts target-update periods in sampled steps; offline, one update samples a batch.
-            target_network_update_freq=params.target_update_every * params.batch_size,
+            lr=params.lr, gamma=params.gamma, double_q=params.double_q, dueling=params.dueling, cql_alpha=params.cql_alpha,
+            target_network_update_freq=params.target_update_every,
+        )
+    elif isinstance(params, CQLParams):
+        from training.offline_cql import OfflineCQLConfig
+
+        if not isinstance(spaces[1], gym.spaces.Box):
+            raise UserError(f"{algo} needs continuous (Box) actions; this dataset's action space is {spaces[1]}; "
+                            "use cql_dqn for discrete actions")
+        # SAC-based CQL has one learning rate per network (and refuses a global `lr`).
+        config = OfflineCQLConfig().training(
+            lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma, tau=params.tau,
+            min_q_weight=params.min_q_weight, num_actions=params.num_actions,
+            bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
         )
     elif isinstance(params, MARWILParams):
         from ray.rllib.algorithms.marwil import MARWILConfig
 
-        config = MARWILConfig().training(beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma)
+        config = MARWILConfig().training(lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma)
     elif isinstance(params, BCParams):
         from ray.rllib.algorithms.bc import BCConfig
 
-        config = BCConfig()
+        config = BCConfig().training(lr=params.lr)
     else:
         raise TypeError(f"no RLlib mapping for {type(params).__name__} ({algo})")
     return _common(config, params, spaces, dataset_dir, seed)

@@ -28,9 +28,12 @@ class LearnerParams:
     """Sizes of the policy network's hidden layers."""
     activation: str = "relu"
     """Hidden-layer activation: relu, tanh or silu."""
+    shuffle_buffer: int = 50_000
+    """Transitions held in the buffer that batches are drawn from at random. Larger mixes more episodes
+    into each batch; the first update waits until the buffer is full (or the data ends)."""
 
     def __post_init__(self):
-        require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration")
+        require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer")
         if not self.hidden_layers or min(self.hidden_layers) <= 0:
             raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
         if self.activation not in ACTIVATIONS:
@@ -87,13 +90,45 @@ class DQNParams(LearnerParams):
 
 
 @dataclass(frozen=True)
+class ConservativeDQNParams(DQNParams):
+    """Offline DQN with CQL's penalty on the actions the data does not take (discrete CQL)."""
+
+    cql_alpha: float = 1.0
+
+
+@dataclass(frozen=True)
+class CQLParams(LearnerParams):
+    """CQL for continuous actions (RLlib's, built on SAC); `lr` is the critics' learning rate."""
+
+    actor_lr: float = 1e-4
+    """Learning rate of the policy (actor)."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 0.005
+    """Polyak rate at which target critics follow the critics, per gradient update."""
+    min_q_weight: float = 5.0
+    """Weight of the conservative penalty on Q-values of actions sampled away from the data."""
+    num_actions: int = 10
+    """Actions sampled per state to estimate the penalty's logsumexp."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_positive(self, "actor_lr", "tau", "num_actions")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.min_q_weight < 0:
+            raise ValueError(f"min_q_weight must be >= 0, got {self.min_q_weight}")
+
+
+@dataclass(frozen=True)
 class AlgosConfig:
     """Hyper-parameters per algorithm; the keys are the names `orl train --algo` takes."""
 
     bc: BCParams = field(default_factory=BCParams)
     marwil: MARWILParams = field(default_factory=MARWILParams)
     dqn: DQNParams = field(default_factory=DQNParams)
-    cql_dqn: DQNParams = field(default_factory=lambda: DQNParams(cql_alpha=1.0))
+    cql_dqn: ConservativeDQNParams = field(default_factory=ConservativeDQNParams)
+    cql: CQLParams = field(default_factory=CQLParams)
 
     def get(self, algo: str) -> LearnerParams:
         if algo not in self.names():

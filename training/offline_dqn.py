@@ -12,11 +12,15 @@ import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN, DQNConfig
 from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.learner.utils import update_target_network
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.metrics import (
     LEARNER_RESULTS,
+    NUM_TARGET_UPDATES,
+    TD_ERROR_KEY,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     OFFLINE_SAMPLING_TIMER,
@@ -27,15 +31,19 @@ CQL_PENALTY = "cql_penalty"
 
 
 class OfflineDQNConfig(DQNConfig):
-    """DQNConfig for training from `offline_data` only; `cql_alpha > 0` adds the conservative penalty."""
+    """DQNConfig for training from `offline_data` only; `cql_alpha > 0` adds the conservative penalty.
+
+    `target_network_update_freq` counts gradient updates (online DQN counts sampled env steps).
+    """
 
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or OfflineDQN)
         self._is_online = False
         self.cql_alpha = 0.0
         self.n_step = 1
-        # The final batch of a pass over the data is smaller; DQN's per-sample TD-error stats need equal sizes.
-        self.iter_batches_kwargs = {"drop_last": True}
+        # One training_step per iteration, as in BC/MARWIL. DQN's default repeats it until env runners have
+        # sampled 1000 steps, which offline never happens.
+        self.min_sample_timesteps_per_iteration = 0
 
     def training(self, *, cql_alpha: float | None = None, **kwargs) -> "OfflineDQNConfig":
         super().training(**kwargs)
@@ -73,7 +81,7 @@ class OfflineDQN(DQN):
         with self.metrics.log_time((TIMERS, OFFLINE_SAMPLING_TIMER)):
             iterators = self.offline_data.sample(num_samples=self.config.train_batch_size_per_learner,
                                                  num_shards=self.config.num_learners, return_iterator=True)
-            # DQN schedules target-network updates by sampled steps; offline, that is the steps trained on.
+            # Offline, the steps "sampled" are the steps trained on.
             self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME,
                                    self.config.train_batch_size_per_learner * updates, reduce="lifetime_sum")
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
@@ -88,7 +96,29 @@ class OfflineDQN(DQN):
 
 
 class OfflineDQNTorchLearner(DQNTorchLearner):
-    """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H))."""
+    """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H)).
+
+    Target networks sync every `target_network_update_freq` gradient updates.
+    """
+
+    def build(self) -> None:
+        super().build()
+        self._gradient_updates = 0
+
+    def apply_gradients(self, gradients_dict) -> None:
+        super().apply_gradients(gradients_dict)
+        self._gradient_updates += 1
+        for module_id, module in self.module._rl_modules.items():
+            config = self.config.get_config_for_module(module_id)
+            if self._gradient_updates % config.target_network_update_freq == 0:
+                for main_net, target_net in module.unwrapped().get_target_network_pairs():
+                    update_target_network(main_net=main_net, target_net=target_net, tau=config.tau)
+                self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
+
+    def after_gradient_based_update(self, *, timesteps) -> None:
+        # DQNLearner syncs targets here, once per `update()` call: offline that is once per iteration of many
+        # gradient updates, so the sync moved to `apply_gradients`.
+        TorchLearner.after_gradient_based_update(self, timesteps=timesteps)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         rewards = batch[Columns.REWARDS]
@@ -96,6 +126,9 @@ class OfflineDQNTorchLearner(DQNTorchLearner):
         batch["n_step"] = torch.ones_like(rewards)
         batch["weights"] = torch.ones_like(rewards)
         loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        # Per-sample TD errors feed prioritized replay, which offline training has none of; kept, they fail to
+        # stack when a pass over the data ends in a shorter batch.
+        self.metrics.delete(module_id, TD_ERROR_KEY, key_error=False)
         if config.cql_alpha > 0:
             q_all = fwd_out[QF_PREDS]
             q_data = q_all.gather(-1, batch[Columns.ACTIONS].long().unsqueeze(-1)).squeeze(-1)

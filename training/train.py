@@ -20,11 +20,12 @@ from collectors.envs import env_spaces
 from collectors.errors import refuse_to_overwrite
 from collectors.policies import MODULE_SUBDIR
 from training import plots, tracking
-from training.algorithms import rllib_config
+from training.algorithms import curve_loss, rllib_config
 from training.config import LearnerParams
 from training.run_dir import RunDir, write_csv, write_json
 
-CURVE_METRIC = "policy_loss"
+# The curve's column with each algorithm's main loss (algorithms.curve_loss), so one plot spec fits all runs.
+CURVE_METRIC = "loss"
 
 
 def learner_metrics(result: dict) -> dict[str, float]:
@@ -70,9 +71,11 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
             mlflow.log_metrics(metrics, step=iteration)
             # The curve keeps the losses, which every iteration reports (other stats come and go).
             losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
-            curve.append({"iteration": iteration, **losses, "time_s": time.monotonic() - started})
-            print(f"[{label}] iteration {iteration}/{params.iterations} {CURVE_METRIC}="
-                  f"{metrics.get(CURVE_METRIC, float('nan')):.4f} ({curve[-1]['time_s']:.1f}s)",
+            main_loss = curve_loss(params)
+            curve.append({"iteration": iteration, CURVE_METRIC: losses.get(main_loss, math.nan), **losses,
+                          "time_s": time.monotonic() - started})
+            print(f"[{label}] iteration {iteration}/{params.iterations} {main_loss}="
+                  f"{curve[-1][CURVE_METRIC]:.4f} ({curve[-1]['time_s']:.1f}s)",
                   file=sys.stderr, flush=True)
             if iteration % checkpoint_every == 0 and iteration < params.iterations:
                 _save_resume(algorithm, run, {"fingerprint": fingerprint, "curve": curve,

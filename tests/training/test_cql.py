@@ -1,0 +1,60 @@
+"""CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
+actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from collectors import dataset
+from collectors.collect import collect
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from collectors.dataset import Col
+from collectors.errors import UserError
+from collectors.policies import ModulePolicy, load_rl_module
+from training.algorithms import rllib_config
+from training.config import CQLParams, DQNParams
+
+BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
+
+
+@pytest.fixture(scope="module")
+def pendulum_dataset(ray_local, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cql") / "pendulum-medium"
+    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    collect("pendulum-medium", spec, CollectConfig(episodes_per_file=4), path)
+    return path
+
+
+def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
+    card = dataset.read_card(pendulum_dataset)
+    algorithm = rllib_config("cql", CQLParams(**BUDGET), card.spaces, pendulum_dataset, seed=0).build_algo()
+    try:
+        assert algorithm.env_runner_group is None
+        batch = algorithm.offline_data.sample(num_samples=128, num_shards=0)["default_policy"]
+        data_actions = dataset.load_arrays(pendulum_dataset)[Col.ACTIONS]
+        assert np.abs(data_actions).max() > 1.5  # Pendulum's torque bound is 2
+        assert np.abs(batch[Col.ACTIONS]).max() <= 1.0  # what the squashed policy can represent
+        for _ in range(BUDGET["iterations"]):
+            stats = algorithm.train()["learners"]["default_policy"]
+        assert np.isfinite(stats["qf_loss"]) and np.isfinite(stats["policy_loss"])
+        algorithm.save_to_path(tmp_path / "cql")
+    finally:
+        algorithm.stop()
+        del algorithm
+        gc.collect()
+
+    policy = ModulePolicy(load_rl_module(tmp_path / "cql"), card.spaces[1], greedy=True)
+    assert policy.squashed
+    obs = dataset.load_arrays(pendulum_dataset)[Col.OBS][:64]
+    actions, _ = policy.act(obs, [np.random.default_rng(i) for i in range(64)], envs=None)
+    assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)
+
+
+def test_algorithms_refuse_the_wrong_action_space(pendulum_dataset, expert_dataset):
+    with pytest.raises(UserError, match="needs discrete actions"):
+        rllib_config("dqn", DQNParams(), dataset.read_card(pendulum_dataset).spaces, pendulum_dataset, seed=0)
+    with pytest.raises(UserError, match="needs continuous"):
+        rllib_config("cql", CQLParams(), dataset.read_card(expert_dataset).spaces, expert_dataset, seed=0)
