@@ -28,12 +28,17 @@ class PolicyConfig:
     """For `model`: a `orl train` checkpoint directory, or an MLflow model URI (models:/NAME@ALIAS, runs:/...)."""
     greedy: bool = False
     """For `model`: take the most likely action instead of sampling from the policy."""
+    random_episodes: float = 0.0
+    """Fraction of episodes, drawn per episode, that the uniform random policy runs from start to end instead:
+    D4RL-style mixed data (e.g. a medium policy's episodes plus random ones). In [0, 1]."""
 
     def __post_init__(self):
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"kind '{self.kind}' is unknown; use one of {', '.join(POLICY_KINDS)}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon {self.epsilon} is out of range; use a value in [0, 1]")
+        if not 0.0 <= self.random_episodes <= 1.0:
+            raise ValueError(f"random_episodes {self.random_episodes} is out of range; use a value in [0, 1]")
         if self.kind == "model" and not self.model:
             raise ValueError("kind 'model' needs `model`: a checkpoint directory or an MLflow model URI")
 

@@ -17,7 +17,7 @@ import ray
 from collectors.config import PolicyConfig
 from collectors.dataset import Col, arrow_schema, episode_stats, transitions_table
 from collectors.envs import make_env
-from collectors.policies import build_policy, knows_logp, worker_env_vars
+from collectors.policies import RandomPolicy, build_policy, knows_logp, worker_env_vars
 
 
 def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
@@ -49,10 +49,14 @@ def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: l
     """
     envs = [make_env(env_id) for _ in range(min(num_envs, len(eps_ids)))]
     action_space = envs[0].action_space
-    schema = arrow_schema(envs[0].observation_space, action_space, knows_logp(policy_config, action_space))
+    with_logp = knows_logp(policy_config, action_space)
+    schema = arrow_schema(envs[0].observation_space, action_space, with_logp)
     policy = build_policy(policy_config, env_id, action_space)
+    mix = policy_config.random_episodes
+    random_policy = RandomPolicy(action_space)
     pending = iter(eps_ids)
     slots: list[tuple[_Episode, np.random.Generator, np.ndarray] | None] = [None] * len(envs)
+    by_random = [False] * len(envs)
     finished: list[_Episode] = []
 
     def start(slot: int) -> None:
@@ -62,6 +66,8 @@ def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: l
             return
         env_seed, rng = episode_seeds(seed, eps_id)
         obs, _ = envs[slot].reset(seed=env_seed)
+        # Drawn only for mixed data, so other datasets' random streams (and bytes) stay as they were.
+        by_random[slot] = mix > 0 and rng.random() < mix
         slots[slot] = (_Episode(eps_id), rng, obs)
 
     for slot in range(len(envs)):
@@ -69,7 +75,8 @@ def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: l
     while any(slots):
         active = [i for i, s in enumerate(slots) if s is not None]
         obs = np.stack([slots[i][2] for i in active])
-        actions, logp = policy.act(obs, [slots[i][1] for i in active], [envs[i] for i in active])
+        actions, logp = _act(policy, random_policy, [by_random[i] for i in active], obs,
+                             [slots[i][1] for i in active], [envs[i] for i in active], with_logp)
         for row, i in enumerate(active):
             episode, rng, _ = slots[i]
             new_obs, reward, terminated, truncated, _ = envs[i].step(actions[row])
@@ -93,6 +100,25 @@ def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: l
     per_episode = [e.columns() for e in finished]
     columns = {f.name: np.concatenate([cols[f.name] for cols in per_episode]) for f in schema}
     return transitions_table(columns, schema)
+
+
+def _act(policy, random_policy, by_random: list[bool], obs, rngs, envs, with_logp: bool):
+    """Actions (and log-probs) for a batch whose rows belong to `policy`, or to `random_policy` where flagged.
+
+    Each policy sees only its own rows, so an episode's random stream does not depend on its batch-mates.
+    """
+    if not any(by_random):
+        return policy.act(obs, rngs, envs)
+    actions, logp = [None] * len(obs), np.zeros(len(obs), dtype=np.float32)
+    for acting, flag in ((random_policy, True), (policy, False)):
+        rows = [row for row, r in enumerate(by_random) if r == flag]
+        if rows:
+            own_actions, own_logp = acting.act(obs[rows], [rngs[i] for i in rows], [envs[i] for i in rows])
+            for k, row in enumerate(rows):
+                actions[row] = own_actions[k]
+            if with_logp:
+                logp[rows] = own_logp
+    return np.array(actions), (logp if with_logp else None)
 
 
 # Tests only: when set to a file path that does not exist yet, the first collector to finish a shard creates

@@ -32,7 +32,21 @@ def test_mixture_logs_the_behaviour_log_probability(mixture_dataset):
     # epsilon 0.5 over 2 actions: the expert's action has p = 0.75, the other p = 0.25; both occur.
     np.testing.assert_allclose(np.unique(prob.round(6)), [0.25, 0.75])
     card = dataset.read_card(mixture_dataset)
-    assert card.behavior_policy == {"kind": "mixture", "epsilon": 0.5, "model": "", "greedy": False}
+    assert card.behavior_policy == {"kind": "mixture", "epsilon": 0.5, "model": "", "greedy": False,
+                                    "random_episodes": 0.0}
+
+
+def test_mixed_data_runs_whole_episodes_by_one_policy_or_the_other(ray_local, tmp_path):
+    spec = DatasetConfig(env="CartPole-v1", episodes=16, seed=5, policy=PolicyConfig(kind="expert", random_episodes=0.5))
+    collect("mixed", spec, CollectConfig(num_collectors=2, envs_per_collector=4, episodes_per_file=8), tmp_path / "a")
+    arrays = dataset.load_arrays(tmp_path / "a")
+    # The expert's actions have probability 1, the random policy's 1/2: one value per episode.
+    per_episode = {int(e): set(np.exp(arrays[Col.ACTION_LOGP][arrays[Col.EPS_ID] == e]).round(6))
+                   for e in np.unique(arrays[Col.EPS_ID])}
+    assert set(map(frozenset, per_episode.values())) == {frozenset({1.0}), frozenset({0.5})}, per_episode
+    # Which episodes are random depends on the seed only, not on how episodes share actors and envs.
+    collect("mixed", spec, CollectConfig(num_collectors=1, envs_per_collector=3, episodes_per_file=8), tmp_path / "b")
+    assert file_hashes(tmp_path / "a") == file_hashes(tmp_path / "b")
 
 
 @pytest.mark.parametrize("env_id,obs_dim,logp", [

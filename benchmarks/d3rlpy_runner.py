@@ -1,0 +1,101 @@
+"""Trains one d3rlpy algorithm on one of our Parquet datasets and evaluates it; prints one JSON line.
+
+Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README section in
+the project README), so it imports nothing from this project: the dataset is read with pyarrow alone, by the
+column names the dataset card lists.
+
+    .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
+        --seed 0 --steps 2000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
+        --target-update-every 100 --cql-alpha 1.0 --eval-seeds '[1, 2, 3]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import d3rlpy
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def load(dataset_dir: Path, discrete: bool):
+    card = json.loads((dataset_dir / "_card.json").read_text())
+    table = pq.read_table([str(dataset_dir / f) for f in card["files"]])
+
+    def column(name: str) -> np.ndarray:
+        values = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_list(values.type):
+            return values.flatten().to_numpy().reshape(len(values), values.type.list_size).astype(np.float32)
+        return values.to_numpy(zero_copy_only=False).astype(np.float32)
+
+    actions = column("actions")
+    actions = actions.astype(np.int64) if discrete else actions.reshape(len(actions), -1)
+    # d3rlpy splits episodes at terminal or timeout flags.
+    return card, d3rlpy.dataset.MDPDataset(
+        observations=column("obs"), actions=actions, rewards=column("rewards"),
+        terminals=column("terminateds"), timeouts=column("truncateds"),
+        action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS,
+    )
+
+
+def build(args, discrete: bool):
+    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden)
+    common = dict(batch_size=args.batch_size, gamma=args.gamma)
+    if discrete and args.algo == "bc":
+        return d3rlpy.algos.DiscreteBCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size)
+    if discrete and args.algo == "cql":
+        return d3rlpy.algos.DiscreteCQLConfig(learning_rate=args.lr, encoder_factory=encoder, alpha=args.cql_alpha,
+                                              target_update_interval=args.target_update_every, **common)
+    if not discrete and args.algo == "bc":
+        return d3rlpy.algos.BCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size)
+    if not discrete and args.algo == "cql":
+        return d3rlpy.algos.CQLConfig(actor_learning_rate=args.actor_lr, critic_learning_rate=args.lr,
+                                      actor_encoder_factory=encoder, critic_encoder_factory=encoder,
+                                      conservative_weight=args.cql_alpha, tau=args.tau, **common)
+    raise SystemExit(f"unknown algo {args.algo}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--algo", choices=["bc", "cql"], required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True, help="gradient updates")
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, required=True, help="learning rate (the critic's, for continuous CQL)")
+    parser.add_argument("--actor-lr", type=float, default=1e-4)
+    parser.add_argument("--hidden", type=int, nargs="+", required=True)
+    parser.add_argument("--gamma", type=float, default=0.99)
+    parser.add_argument("--tau", type=float, default=0.005)
+    parser.add_argument("--target-update-every", type=int, default=100)
+    parser.add_argument("--cql-alpha", type=float, default=1.0)
+    parser.add_argument("--eval-seeds", type=json.loads, required=True, help="JSON list of env reset seeds")
+    args = parser.parse_args()
+
+    card = json.loads((args.dataset / "_card.json").read_text())
+    discrete = card["action_space"]["type"] == "Discrete"
+    _, data = load(args.dataset, discrete)
+    d3rlpy.seed(args.seed)
+    algo = build(args, discrete).create(device="cpu:0")
+    algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,
+             experiment_name=None, with_timestamp=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+
+    env = gym.make(card["env_id"])
+    returns = []
+    for env_seed in args.eval_seeds:  # greedy policy, one episode per seed: the seeds our evaluation uses
+        obs, _ = env.reset(seed=env_seed)
+        done, total = False, 0.0
+        while not done:
+            action = algo.predict(np.asarray(obs, dtype=np.float32)[None])[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    print(json.dumps({"returns": returns}))
+
+
+if __name__ == "__main__":
+    main()

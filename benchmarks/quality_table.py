@@ -1,0 +1,170 @@
+"""The D4RL-style quality table: our offline learners and d3rlpy's, on the same Parquet files, side by side.
+
+For every dataset: the behaviour policy's normalized score, then each of our algorithms (hyper-parameters
+from params.yaml's `algos`, as the pipeline uses them) and d3rlpy's counterparts (DiscreteBC/DiscreteCQL, or
+BC/CQL for continuous actions) with the same network, batch size, learning rate and number of gradient
+updates. Every learner runs once per training seed and is evaluated greedily on the pipeline's evaluation
+seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over training seeds.
+
+    python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
+
+d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
+Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collectors import dataset  # noqa: E402
+from collectors.config import PolicyConfig  # noqa: E402
+from collectors.errors import UserError  # noqa: E402
+from collectors.rollout import episode_seeds, rollout_returns  # noqa: E402
+from pipelines.cli import start_ray  # noqa: E402
+from pipelines.params import load_params  # noqa: E402
+from training.algorithms import rllib_config  # noqa: E402
+from training.config import CQLParams, DQNParams, LearnerParams  # noqa: E402
+from training.evaluate import measure_references, normalized_score, read_reference  # noqa: E402
+
+DISCRETE_ALGOS = ["bc", "marwil", "dqn", "cql_dqn"]
+CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
+# Our algorithm whose hyper-parameters d3rlpy's counterpart takes.
+D3RLPY_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql_dqn"}
+D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql"}
+
+
+def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
+    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed).build_algo()
+    try:
+        for _ in range(params.iterations):
+            algorithm.train()
+        algorithm.save_to_path(checkpoint.resolve())
+    finally:
+        algorithm.stop()
+        del algorithm
+        gc.collect()
+
+
+def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Path, seed: int,
+                 eval_seeds: list[int]) -> np.ndarray:
+    command = [python, str(ROOT / "benchmarks" / "d3rlpy_runner.py"), "--dataset", str(dataset_dir),
+               "--algo", algo.removeprefix("d3rlpy-"), "--seed", str(seed),
+               "--steps", str(params.iterations * params.updates_per_iteration),
+               "--batch-size", str(params.batch_size), "--lr", str(params.lr),
+               "--hidden", *map(str, params.hidden_layers), "--eval-seeds", json.dumps(eval_seeds)]
+    if isinstance(params, DQNParams):
+        command += ["--gamma", str(params.gamma), "--target-update-every", str(params.target_update_every),
+                    "--cql-alpha", str(params.cql_alpha)]
+    if isinstance(params, CQLParams):
+        command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
+                    "--cql-alpha", str(params.min_q_weight)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return np.array(json.loads(out.strip().splitlines()[-1])["returns"])
+
+
+def markdown(results: dict, columns: list[str]) -> str:
+    lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for name, entry in results.items():
+        cells = []
+        for column in columns:
+            scores = entry["scores"].get(column)
+            cells.append("" if scores is None else
+                         f"{np.mean(scores):.1f}" if len(scores) == 1 else f"{np.mean(scores):.1f} ± {np.std(scores):.1f}")
+        lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, columns: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(names)), 4.5))
+    width = 0.8 / len(columns)
+    for i, column in enumerate(columns):
+        scores = [results[n]["scores"].get(column) for n in names]
+        means = [np.mean(s) if s else np.nan for s in scores]
+        stds = [np.std(s) if s else 0.0 for s in scores]
+        ax.bar([x + i * width for x in range(len(names))], means, width, yerr=stds, capsize=2, label=column)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, fontsize=8, rotation=20)
+    ax.axhline(100, linestyle="--", color="grey")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_ylabel("normalized score (0 random, 100 expert)")
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--datasets", nargs="+", help="dataset names (default: every dataset in params.yaml)")
+    parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
+    parser.add_argument("--references", type=Path, default=ROOT / "references")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--d3rlpy-python", default=str(ROOT / ".venv-d3rlpy" / "bin" / "python"))
+    parser.add_argument("--no-d3rlpy", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+
+    params = load_params(args.params)
+    start_ray(params.ray)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results, columns = {}, ["behaviour"]
+    for name in args.datasets or list(params.datasets):
+        dataset_dir = args.datasets_dir / name
+        card = dataset.read_card(dataset_dir)
+        try:
+            reference = read_reference(args.references, card.env_id, params.evaluate)
+        except UserError:  # not measured by the pipeline yet: measure it here, on the same seeds
+            measure_references([card.env_id], params.evaluate, args.references)
+            reference = read_reference(args.references, card.env_id, params.evaluate)
+        discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
+        entry = results[name] = {"env_id": card.env_id, "reference": reference,
+                                 "scores": {"behaviour": [normalized_score(card.returns["mean"], reference)]}}
+        eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
+        learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
+        if not args.no_d3rlpy:
+            learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
+        for column, ours in learners:
+            columns += [column] if column not in columns else []
+            algo_params = params.algos.get(ours)
+            for seed in args.seeds:
+                started = time.monotonic()
+                if column.startswith("d3rlpy"):
+                    returns = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed, eval_seeds)
+                else:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint")
+                        policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"), greedy=True)
+                        returns = rollout_returns(card.env_id, policy, params.evaluate.seed, params.evaluate.episodes,
+                                                  params.evaluate.num_workers, label=f"evaluate {column} {name}")
+                score = normalized_score(float(np.mean(returns)), reference)
+                entry["scores"].setdefault(column, []).append(score)
+                print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
+                      f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+        # Written after every dataset, so a long run leaves its finished rows behind.
+        table = markdown(results, columns)
+        (args.out / "quality.md").write_text(table)
+        (args.out / "quality.json").write_text(json.dumps(results, indent=2))
+        plot(results, columns, args.out / "quality.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
