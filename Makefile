@@ -20,3 +20,15 @@ pipeline: setup
 
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# d3rlpy pins another gymnasium than ray[rllib], so the quality table runs it from its own virtualenv.
+D3RLPY_VENV := .venv-d3rlpy
+
+$(D3RLPY_VENV)/.installed: benchmarks/requirements-d3rlpy.lock
+	$(PYTHON) -m venv $(D3RLPY_VENV)
+	$(D3RLPY_VENV)/bin/pip install --quiet -r benchmarks/requirements-d3rlpy.lock
+	touch $@
+
+.PHONY: quality-table
+quality-table: setup $(D3RLPY_VENV)/.installed
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/quality_table.py $(ARGS)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 def load(dataset_dir: Path, discrete: bool):
     card = json.loads((dataset_dir / "_card.json").read_text())
-    table = pq.read_table([str(dataset_dir / f) for f in card["files"]])
+    table = pa.concat_tables(pq.read_table(dataset_dir / f["path"]) for f in card["files"])
 
     def column(name: str) -> np.ndarray:
         values = table.column(name).combine_chunks()
