@@ -11,10 +11,11 @@ env's bounds, where users expect them) to [-1, 1]. `collectors.policies.ModulePo
 from __future__ import annotations
 
 import numpy as np
-from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.core.columns import Columns
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+
+from training.offline_dqn import WithoutEnvRunners
 
 
 class UnitActionsPreLearner(OfflinePreLearner):
@@ -34,12 +35,7 @@ class OfflineCQLConfig(CQLConfig):
         self.prelearner_class = UnitActionsPreLearner
 
 
-class OfflineCQL(CQL):
+class OfflineCQL(WithoutEnvRunners, CQL):
     @classmethod
     def get_default_config(cls) -> OfflineCQLConfig:
         return OfflineCQLConfig()
-
-    def setup(self, config) -> None:
-        # DQN.setup (CQL derives from SAC, SAC from DQN) asks env runners whether the module is stateful.
-        Algorithm.setup(self, config)
-        self._module_is_stateful = False

@@ -66,15 +66,19 @@ class OfflineDQNConfig(DQNConfig):
         return pipeline
 
 
-class OfflineDQN(DQN):
+class WithoutEnvRunners:
+    """Mixin for algorithms derived from RLlib's DQN (SAC and CQL are too) that train offline: DQN.setup asks
+    env runners whether the module is stateful, and offline there are none."""
+
+    def setup(self, config) -> None:
+        Algorithm.setup(self, config)
+        self._module_is_stateful = False
+
+
+class OfflineDQN(WithoutEnvRunners, DQN):
     @classmethod
     def get_default_config(cls) -> OfflineDQNConfig:
         return OfflineDQNConfig()
-
-    def setup(self, config) -> None:
-        # DQN.setup asks env runners whether the module is stateful; offline there are none.
-        Algorithm.setup(self, config)
-        self._module_is_stateful = False
 
     def training_step(self) -> None:
         updates = self.config.dataset_num_iters_per_learner

@@ -94,3 +94,45 @@ def test_a_trained_policy_generates_the_next_dataset(trained_run, ray_local, tmp
         assert np.all(logp <= 0) and np.any(logp < 0)
     else:  # the MLflow model acts greedily: deterministic
         assert np.all(logp == 0)
+
+
+@pytest.fixture(scope="module")
+def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
+    """`orl train` of the Q-learning algorithms against the same server: DQN and conservative DQN on CartPole,
+    CQL on a small Pendulum dataset."""
+    work, uri = trained_run[0].parent.parent, trained_run[1]
+    pendulum = tmp_path_factory.mktemp("pendulum") / "pendulum-medium"
+    collect("pendulum-medium", DatasetConfig(env="Pendulum-v1", episodes=4, seed=3,
+                                             policy=PolicyConfig(kind="mixture", epsilon=0.3)),
+            CollectConfig(episodes_per_file=2), pendulum)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    for algo in ("dqn", "cql_dqn", "cql"):
+        params["algos"][algo].update(TINY_TRAINING)
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    runs = {}
+    for algo, data in (("dqn", expert_dataset), ("cql_dqn", expert_dataset), ("cql", pendulum)):
+        result = orl("train", "--algo", algo, "--dataset", str(data), "--out", f"runs/{algo}", cwd=work,
+                     env={"MLFLOW_TRACKING_URI": uri})
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[algo] = work / "runs" / algo
+    return runs, uri
+
+
+@pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("cql_dqn", "CartPole-v1"), ("cql", "Pendulum-v1")])
+def test_every_q_learning_model_predicts_the_checkpoints_greedy_actions(q_learning_runs, algo, env_id):
+    import mlflow.pyfunc
+
+    from collectors.envs import env_spaces
+    from collectors.policies import ModulePolicy, load_rl_module
+
+    runs, uri = q_learning_runs
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/{env_id}-{algo}@{NEWEST_ALIAS}")
+    observation_space, action_space = env_spaces(env_id)
+    checkpoint_policy = ModulePolicy(load_rl_module(runs[algo] / "checkpoint"), action_space, greedy=True)
+    batch = np.stack([observation_space.sample() for _ in range(16)]).astype(np.float32)
+    actions = np.asarray(model.predict(batch))
+    assert all(action_space.contains(a.astype(action_space.dtype)) for a in actions)
+    np.testing.assert_allclose(actions, checkpoint_policy.act(batch, [], [])[0], rtol=1e-5)
+    curve = (runs[algo] / "learning_curve.csv").read_text().splitlines()
+    assert curve[0].startswith("iteration,loss,") and "qf_loss" in curve[0]
