@@ -38,6 +38,8 @@ def repo(tmp_path_factory) -> Path:
     }
     params["collect"]["episodes_per_file"] = 10
     params["train"]["datasets"] = ["cartpole-expert"]
+    params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
+    params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], root)
@@ -50,6 +52,7 @@ def test_repro_produces_datasets_runs_and_report(repo):
     assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {"cartpole-random", "cartpole-expert"}
     summary = (repo / "reports" / "summary.md").read_text()
     assert "| CartPole-v1 | cartpole-expert | bc |" in summary
+    assert "| CartPole-v1 | cartpole-expert | dqn |" in summary
     for image in ("scores.png", "returns.png", "learning_curves.png"):
         assert (repo / "reports" / image).stat().st_size > 1000
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
@@ -68,7 +71,7 @@ def test_runs_are_in_the_default_sqlite_store(repo):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("CartPole-v1")
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.params["algo"] for r in runs) == ["bc", "marwil"]
+    assert sorted(r.data.params["algo"] for r in runs) == ["bc", "dqn", "marwil"]
     assert all("eval/normalized_score" in r.data.metrics for r in runs)
     assert (repo / "mlartifacts").is_dir()
     assert str(client.get_model_version_by_alias("CartPole-v1-marwil", "cartpole-expert").version) == "1"
