@@ -105,8 +105,8 @@ def plot(results: dict, columns: list[str], path: Path) -> None:
     ax.axhline(100, linestyle="--", color="grey")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("normalized score (0 random, 100 expert)")
-    ax.legend(fontsize=7, ncol=4)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(columns), loc="lower center")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=100)
 
 
