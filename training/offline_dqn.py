@@ -12,18 +12,18 @@ import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN, DQNConfig
 from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
-from ray.rllib.core.learner.torch.torch_learner import TorchLearner
-from ray.rllib.core.learner.utils import update_target_network
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.core.learner.utils import update_target_network
 from ray.rllib.utils.metrics import (
     LEARNER_RESULTS,
-    NUM_TARGET_UPDATES,
-    TD_ERROR_KEY,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_TARGET_UPDATES,
     OFFLINE_SAMPLING_TIMER,
+    TD_ERROR_KEY,
     TIMERS,
 )
 
