@@ -1,0 +1,143 @@
+"""Training throughput: samples/s of each RLlib offline learner ÷ a plain torch loop, measured in one run.
+
+The plain loop is the ceiling: the same network (encoder `hidden_layers`, RLlib's default heads), batch size,
+optimizer and loss, with the whole dataset already in memory as tensors and batches drawn by random index.
+RLlib's number is the steady state (iterations after the first); the first iteration's time is reported as
+start-up. Hyper-parameters come from params.yaml's `algos`.
+
+    python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collectors import dataset  # noqa: E402
+from collectors.dataset import Col  # noqa: E402
+from pipelines.cli import start_ray  # noqa: E402
+from pipelines.params import load_params  # noqa: E402
+from training.algorithms import rllib_config  # noqa: E402
+from training.config import DQNParams, LearnerParams, MARWILParams  # noqa: E402
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+
+
+def encoder(inputs: int, params: LearnerParams) -> nn.Sequential:
+    layers, width = [], inputs
+    for size in params.hidden_layers:
+        layers += [nn.Linear(width, size), ACTIVATIONS[params.activation]()]
+        width = size
+    return nn.Sequential(*layers)
+
+
+def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> float:
+    """Samples/s of `updates` gradient steps of the algorithm's loss, data in memory."""
+    obs, next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
+    actions = torch.as_tensor(arrays[Col.ACTIONS]).long()
+    rewards, done = torch.as_tensor(arrays[Col.REWARDS]), torch.as_tensor(arrays[Col.TERMINATEDS]).float()
+    n_actions, width = int(actions.max()) + 1, params.hidden_layers[-1]
+    body = encoder(obs.shape[1], params)
+    heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
+    model = nn.ModuleDict({"body": body, "heads": heads})
+    target = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=params.lr)
+    returns = torch.as_tensor(_discounted_returns(arrays, getattr(params, "gamma", 0.99)))
+
+    def q_values(net, x):  # dueling: V + A - mean(A)
+        h = net["body"](x)
+        a = net["heads"]["pi"](h)
+        return net["heads"]["vf"](h) + a - a.mean(dim=1, keepdim=True)
+
+    started = time.perf_counter()
+    for step in range(updates):
+        i = torch.randint(0, len(obs), (params.batch_size,))
+        if isinstance(params, DQNParams):
+            with torch.no_grad():
+                best = q_values(model, next_obs[i]).argmax(1, keepdim=True)
+                y = rewards[i] + params.gamma * (1 - done[i]) * q_values(target, next_obs[i]).gather(1, best).squeeze(1)
+            loss = F.huber_loss(q_values(model, obs[i]).gather(1, actions[i, None]).squeeze(1), y)
+            if step % params.target_update_every == 0:
+                target.load_state_dict(model.state_dict())
+        else:
+            h = body(obs[i])
+            logp = torch.log_softmax(heads["pi"](h), dim=1).gather(1, actions[i, None]).squeeze(1)
+            if isinstance(params, MARWILParams):
+                value = heads["vf"](h).squeeze(1)
+                weights = torch.exp(params.beta * (returns[i] - value).detach()).clamp(max=20.0)
+                loss = -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, returns[i])
+            else:
+                loss = -logp.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return updates * params.batch_size / (time.perf_counter() - started)
+
+
+def _discounted_returns(arrays: dict, gamma: float) -> np.ndarray:
+    rewards, eps = arrays[Col.REWARDS], arrays[Col.EPS_ID]
+    out, running = np.zeros(len(rewards), dtype=np.float32), 0.0
+    for k in range(len(rewards) - 1, -1, -1):
+        if k == len(rewards) - 1 or eps[k] != eps[k + 1]:
+            running = 0.0
+        running = rewards[k] + gamma * running
+        out[k] = running
+    return out
+
+
+def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: int) -> tuple[float, float]:
+    """(first iteration's seconds, steady-state samples/s over the following iterations)."""
+    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+    try:
+        started = time.perf_counter()
+        algorithm.train()
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(iterations):
+            algorithm.train()
+        rate = iterations * params.updates_per_iteration * params.batch_size / (time.perf_counter() - started)
+    finally:
+        algorithm.stop()
+        del algorithm
+        gc.collect()
+    return first, rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--dataset", type=Path, default=ROOT / "datasets" / "cartpole-medium")
+    parser.add_argument("--algos", nargs="+", default=["bc", "marwil", "dqn"])
+    parser.add_argument("--iterations", type=int, default=10, help="steady-state iterations timed for RLlib")
+    args = parser.parse_args()
+
+    params = load_params(args.params)
+    start_ray(params.ray)
+    torch.manual_seed(0)
+    arrays = dataset.load_arrays(args.dataset)
+    rows = ["| learner | batch | RLlib first iteration (s) | RLlib samples/s | plain torch samples/s | ratio |",
+            "|---|---|---|---|---|---|"]
+    for algo in args.algos:
+        algo_params = params.algos.get(algo)
+        first, rllib_rate = rllib_loop(algo, algo_params, args.dataset, args.iterations)
+        plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration)
+        rows.append(f"| {algo} | {algo_params.batch_size} | {first:.1f} | {rllib_rate:,.0f} | {plain_rate:,.0f} | "
+                    f"{rllib_rate / plain_rate:.2f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
