@@ -22,8 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def load(dataset_dir: Path, discrete: bool):
+def load(dataset_dir: Path):
+    """(card, whether actions are discrete, the transitions as a d3rlpy MDPDataset)."""
     card = json.loads((dataset_dir / "_card.json").read_text())
+    discrete = card["action_space"]["type"] == "Discrete"
     table = pa.concat_tables(pq.read_table(dataset_dir / f["path"]) for f in card["files"])
 
     def column(name: str) -> np.ndarray:
@@ -35,7 +37,7 @@ def load(dataset_dir: Path, discrete: bool):
     actions = column("actions")
     actions = actions.astype(np.int64) if discrete else actions.reshape(len(actions), -1)
     # d3rlpy splits episodes at terminal or timeout flags.
-    return card, d3rlpy.dataset.MDPDataset(
+    return card, discrete, d3rlpy.dataset.MDPDataset(
         observations=column("obs"), actions=actions, rewards=column("rewards"),
         terminals=column("terminateds"), timeouts=column("truncateds"),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS,
@@ -76,9 +78,7 @@ def main() -> None:
     parser.add_argument("--eval-seeds", type=json.loads, required=True, help="JSON list of env reset seeds")
     args = parser.parse_args()
 
-    card = json.loads((args.dataset / "_card.json").read_text())
-    discrete = card["action_space"]["type"] == "Discrete"
-    _, data = load(args.dataset, discrete)
+    card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
     algo = build(args, discrete).create(device="cpu:0")
     algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,

@@ -66,12 +66,12 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
             algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
             print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}", file=sys.stderr)
         started = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0)
+        main_loss = curve_loss(params)
         for iteration in range(len(curve) + 1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             mlflow.log_metrics(metrics, step=iteration)
             # The curve keeps the losses, which every iteration reports (other stats come and go).
             losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
-            main_loss = curve_loss(params)
             curve.append({"iteration": iteration, CURVE_METRIC: losses.get(main_loss, math.nan), **losses,
                           "time_s": time.monotonic() - started})
             print(f"[{label}] iteration {iteration}/{params.iterations} {main_loss}="
