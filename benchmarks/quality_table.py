@@ -126,6 +126,7 @@ def main() -> None:
     start_ray(params.ray)
     args.out.mkdir(parents=True, exist_ok=True)
     results, columns = {}, ["behaviour"]
+    eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     for name in args.datasets or list(params.datasets):
         dataset_dir = args.datasets_dir / name
         card = dataset.read_card(dataset_dir)
@@ -137,7 +138,6 @@ def main() -> None:
         discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
                                  "scores": {"behaviour": [normalized_score(card.returns["mean"], reference)]}}
-        eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
         learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())

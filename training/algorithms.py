@@ -51,8 +51,8 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
         if not isinstance(spaces[1], gym.spaces.Discrete):
             raise UserError(f"{algo} needs discrete actions; this dataset's action space is {spaces[1]}")
         config = OfflineDQNConfig().training(
-            lr=params.lr, gamma=params.gamma, double_q=params.double_q, dueling=params.dueling, cql_alpha=params.cql_alpha,
-            target_network_update_freq=params.target_update_every,
+            lr=params.lr, gamma=params.gamma, double_q=params.double_q, dueling=params.dueling,
+            cql_alpha=params.cql_alpha, target_network_update_freq=params.target_update_every,
         )
     elif isinstance(params, CQLParams):
         from training.offline_cql import OfflineCQLConfig
@@ -62,14 +62,15 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
                             "use cql_dqn for discrete actions")
         # SAC-based CQL has one learning rate per network (and refuses a global `lr`).
         config = OfflineCQLConfig().training(
-            lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma, tau=params.tau,
-            min_q_weight=params.min_q_weight, num_actions=params.num_actions,
+            lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma,
+            tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
             bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
         )
     elif isinstance(params, MARWILParams):
         from ray.rllib.algorithms.marwil import MARWILConfig
 
-        config = MARWILConfig().training(lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma)
+        config = MARWILConfig().training(lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff,
+                                         gamma=params.gamma)
     elif isinstance(params, BCParams):
         from ray.rllib.algorithms.bc import BCConfig
 

@@ -12,6 +12,11 @@ from collectors.config import require_positive
 ACTIVATIONS = ("relu", "tanh", "silu")
 
 
+def _require_discount(gamma: float) -> None:
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+
+
 @dataclass(frozen=True)
 class LearnerParams:
     """What every offline learner takes."""
@@ -60,8 +65,7 @@ class MARWILParams(LearnerParams):
         super().__post_init__()
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {self.beta}")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        _require_discount(self.gamma)
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,7 @@ class DQNParams(LearnerParams):
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "target_update_every")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        _require_discount(self.gamma)
         if self.cql_alpha < 0:
             raise ValueError(f"cql_alpha must be >= 0, got {self.cql_alpha}")
 
@@ -114,8 +117,7 @@ class CQLParams(LearnerParams):
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "actor_lr", "tau", "num_actions")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        _require_discount(self.gamma)
         if self.min_q_weight < 0:
             raise ValueError(f"min_q_weight must be >= 0, got {self.min_q_weight}")
 
