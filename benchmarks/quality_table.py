@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--d3rlpy-python", default=str(ROOT / ".venv-d3rlpy" / "bin" / "python"))
     parser.add_argument("--no-d3rlpy", action="store_true")
+    parser.add_argument("--algos", nargs="+", help="our algorithms to train (default: all for the action space)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
 
@@ -138,7 +139,8 @@ def main() -> None:
         discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
                                  "scores": {"behaviour": [normalized_score(card.returns["mean"], reference)]}}
-        learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
+        learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)
+                    if not args.algos or a in args.algos]
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
         for column, ours in learners:

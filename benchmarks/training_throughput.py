@@ -2,8 +2,10 @@
 
 The plain loop is the ceiling: the same network (encoder `hidden_layers`, RLlib's default heads), batch size,
 optimizer and loss, with the whole dataset already in memory as tensors and batches drawn by random index.
-RLlib's number is the steady state (iterations after the first); the first iteration's time is reported as
-start-up. Hyper-parameters come from params.yaml's `algos`.
+RLlib's number is the steady state (iterations after the first); start-up is the time from building the
+algorithm to the end of its first iteration (Ray already running). A third number feeds RLlib's learner one
+ready batch over and over: its ratio is the ceiling the data pipeline cannot raise. Hyper-parameters come
+from params.yaml's `algos`.
 
     python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
 """
@@ -21,6 +23,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,7 +57,8 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> 
     n_actions, width = int(actions.max()) + 1, params.hidden_layers[-1]
     body = encoder(obs.shape[1], params)
     heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
-    model = nn.ModuleDict({"body": body, "heads": heads})
+    critic_body = encoder(obs.shape[1], params)  # MARWIL's value function has its own layers
+    model = nn.ModuleDict({"body": body, "heads": heads, "critic_body": critic_body})
     target = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=params.lr)
     returns = torch.as_tensor(_discounted_returns(arrays, getattr(params, "gamma", 0.99)))
@@ -75,7 +82,7 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> 
             h = body(obs[i])
             logp = torch.log_softmax(heads["pi"](h), dim=1).gather(1, actions[i, None]).squeeze(1)
             if isinstance(params, MARWILParams):
-                value = heads["vf"](h).squeeze(1)
+                value = heads["vf"](critic_body(obs[i])).squeeze(1)
                 weights = torch.exp(params.beta * (returns[i] - value).detach()).clamp(max=20.0)
                 loss = -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, returns[i])
             else:
@@ -97,22 +104,37 @@ def _discounted_returns(arrays: dict, gamma: float) -> np.ndarray:
     return out
 
 
-def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: int) -> tuple[float, float]:
-    """(first iteration's seconds, steady-state samples/s over the following iterations)."""
+def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: int) -> tuple[float, float, float]:
+    """(start-up seconds, steady-state samples/s, samples/s of the learner alone on one ready batch)."""
+    started = time.perf_counter()
     algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
     try:
-        started = time.perf_counter()
         algorithm.train()
-        first = time.perf_counter() - started
+        startup = time.perf_counter() - started
         started = time.perf_counter()
         for _ in range(iterations):
             algorithm.train()
         rate = iterations * params.updates_per_iteration * params.batch_size / (time.perf_counter() - started)
+        learner_rate = learner_alone(algorithm, params, dataset_dir, iterations * params.updates_per_iteration)
     finally:
         algorithm.stop()
         del algorithm
         gc.collect()
-    return first, rate
+    return startup, rate, learner_rate
+
+
+def learner_alone(algorithm, params: LearnerParams, dataset_dir: Path, updates: int) -> float:
+    """Samples/s of RLlib's `Learner.update` on one batch made ahead, with no data pipeline."""
+    data = algorithm.offline_data.data.take_batch(params.batch_size, batch_format="numpy")
+    batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
+        {key.split("/", 1)[1]: torch.as_tensor(np.asarray(values)) for key, values in data.items()})},
+        env_steps=params.batch_size)
+    learner = algorithm.learner_group._learner  # the local learner (num_learners=0)
+    started = time.perf_counter()
+    for _ in range(updates):
+        learner.update(training_data=TrainingData(batch=batch), minibatch_size=params.batch_size, num_epochs=1,
+                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
+    return updates * params.batch_size / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -127,14 +149,14 @@ def main() -> None:
     start_ray(params.ray)
     torch.manual_seed(0)
     arrays = dataset.load_arrays(args.dataset)
-    rows = ["| learner | batch | RLlib first iteration (s) | RLlib samples/s | plain torch samples/s | ratio |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| learner | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
+            "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = params.algos.get(algo)
-        first, rllib_rate = rllib_loop(algo, algo_params, args.dataset, args.iterations)
+        startup, rllib_rate, learner_rate = rllib_loop(algo, algo_params, args.dataset, args.iterations)
         plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration)
-        rows.append(f"| {algo} | {algo_params.batch_size} | {first:.1f} | {rllib_rate:,.0f} | {plain_rate:,.0f} | "
-                    f"{rllib_rate / plain_rate:.2f} |")
+        rows.append(f"| {algo} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | {plain_rate:,.0f} | "
+                    f"{rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
         print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
 

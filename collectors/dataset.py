@@ -392,6 +392,11 @@ def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCa
 # ---------------------------------------------------------------- loading, for training and for users
 
 
+def size_on_disk(path: str | os.PathLike) -> int:
+    """Bytes of the dataset's Parquet files."""
+    return sum((Path(path) / f["path"]).stat().st_size for f in read_card(path).files)
+
+
 def _load_table(path: str | os.PathLike) -> pa.Table:
     """The whole dataset as one Arrow table, each file read once and validated on the way."""
     card, tables = _validated_tables(path)

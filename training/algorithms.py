@@ -6,8 +6,10 @@ from pathlib import Path
 
 import gymnasium as gym
 
+from collectors import dataset
 from collectors.errors import UserError
 from training.config import BCParams, CQLParams, DQNParams, LearnerParams, MARWILParams
+from training.train_batches import TransitionsData
 
 # RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
 # on a 2-CPU node forever. One pre-learner actor leaves a CPU for reading; clusters can scale it up.
@@ -24,14 +26,19 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
             input_=[str(Path(dataset_dir).resolve())],
             dataset_num_iters_per_learner=params.updates_per_iteration,
             map_batches_kwargs=SMALL_MACHINE_MAP_BATCHES,
+            # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
+            # so memory does not grow with them.
+            materialize_mapped_data=dataset.size_on_disk(dataset_dir) <= params.memory_cache_mib * 2**20,
             # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
         )
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=params.batch_size)
+        # MARWIL's value function keeps its own layers, as in RLlib's MARWIL defaults: its targets are returns
+        # on the reward's scale, whose loss would swamp the policy's through a shared encoder.
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
-                                                   fcnet_activation=params.activation))
+                                                   fcnet_activation=params.activation, vf_share_layers=False))
         .debugging(seed=seed)
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
@@ -67,14 +74,17 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
             bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
         )
     elif isinstance(params, MARWILParams):
-        from ray.rllib.algorithms.marwil import MARWILConfig
+        from training.offline_marwil import OfflineMARWILConfig
 
-        config = MARWILConfig().training(lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff,
-                                         gamma=params.gamma)
+        config = OfflineMARWILConfig().training(
+            lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma,
+            moving_average_sqd_adv_norm_update_rate=params.advantage_norm_rate,
+            returns_read_rows=params.returns_read_rows,
+        )
     elif isinstance(params, BCParams):
         from ray.rllib.algorithms.bc import BCConfig
 
-        config = BCConfig().training(lr=params.lr)
+        config = BCConfig().training(lr=params.lr).offline_data(offline_data_class=TransitionsData)
     else:
         raise TypeError(f"no RLlib mapping for {type(params).__name__} ({algo})")
     return _common(config, params, spaces, dataset_dir, seed)

@@ -27,6 +27,8 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
+from training.train_batches import TransitionsData
+
 CQL_PENALTY = "cql_penalty"
 
 
@@ -44,6 +46,8 @@ class OfflineDQNConfig(DQNConfig):
         # One training_step per iteration, as in BC/MARWIL. DQN's default repeats it until env runners have
         # sampled 1000 steps, which offline never happens.
         self.min_sample_timesteps_per_iteration = 0
+        # Batches (with NEXT_OBS) straight from the dataset's columns.
+        self.offline_data_class = TransitionsData
 
     def training(self, *, cql_alpha: float | None = None, **kwargs) -> "OfflineDQNConfig":
         super().training(**kwargs)
@@ -53,17 +57,6 @@ class OfflineDQNConfig(DQNConfig):
 
     def get_default_learner_class(self):
         return OfflineDQNTorchLearner
-
-    def build_learner_connector(self, input_observation_space, input_action_space, device=None):
-        """Offline, this pipeline runs in the OfflinePreLearner, so it must add NEXT_OBS itself (online DQN's
-        learner adds it to its own pipeline, which offline batches skip)."""
-        from ray.rllib.connectors.common import AddObservationsFromEpisodesToBatch
-        from ray.rllib.connectors.learner import AddNextObservationsFromEpisodesToTrainBatch
-
-        pipeline = super().build_learner_connector(input_observation_space=input_observation_space,
-                                                   input_action_space=input_action_space, device=device)
-        pipeline.insert_after(AddObservationsFromEpisodesToBatch, AddNextObservationsFromEpisodesToTrainBatch())
-        return pipeline
 
 
 class WithoutEnvRunners:

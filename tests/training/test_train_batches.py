@@ -1,0 +1,85 @@
+"""Train batches built from columns: the same batches RLlib's pre-learner builds, and MARWIL's true returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from collectors import dataset
+from collectors.dataset import Col
+from pipelines.params import load_params
+from training.algorithms import rllib_config
+from training.train_batches import ReturnsData, TransitionsData, flat, transitions, with_returns
+
+GAMMA = 0.5
+
+
+def _rows(path, start: int, n: int) -> dict[str, np.ndarray]:
+    table = pq.read_table(path / dataset.read_card(path).files[0]["path"]).slice(start, n)
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
+def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
+    """Byte-for-byte the batch RLlib's OfflinePreLearner builds through one-step episodes and its connectors."""
+    from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+
+    spaces = dataset.read_card(mixture_dataset).spaces
+    config = rllib_config("bc", load_params("params.yaml").algos.bc, spaces, mixture_dataset, seed=0)
+    config.rl_module(rl_module_spec=config.get_multi_rl_module_spec(spaces={"default_policy": spaces}))
+    rllib_batch = OfflinePreLearner(config=config, spaces=spaces)(_rows(mixture_dataset, 5, 300))
+    ours = flat(transitions(_rows(mixture_dataset, 5, 300)))
+
+    assert sorted(ours) == sorted(rllib_batch)
+    for key, values in rllib_batch.items():
+        np.testing.assert_array_equal(ours[key], values.numpy(), err_msg=key)
+        assert ours[key].dtype == values.numpy().dtype, key
+
+
+def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
+    # Episode 7 started before this batch (t = 3, 4) and ends here; episode 8 runs out of the batch.
+    batch = {
+        Col.EPS_ID: np.array([7, 7, 8, 8, 8]), Col.T: np.array([3, 4, 0, 1, 2]),
+        Col.OBS: np.zeros((5, 2)), Col.NEW_OBS: np.zeros((5, 2)), Col.ACTIONS: np.zeros(5, dtype=np.int64),
+        Col.REWARDS: np.array([1.0, 2.0, 4.0, 8.0, 16.0]),
+        Col.TERMINATEDS: np.array([False, True, False, False, False]), Col.TRUNCATEDS: np.zeros(5, dtype=bool),
+    }
+    out = with_returns(batch, gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
+    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
+
+
+def _mapped(data_class, config) -> dict[str, np.ndarray]:
+    batches = list(data_class(config).data.iter_batches(batch_size=None))
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset, ray_local):
+    """Through Ray Data over the real files: every step is in the loss, with the return of its episode."""
+    params = load_params("params.yaml").algos.marwil
+    spaces = dataset.read_card(mixture_dataset).spaces
+    config = rllib_config("marwil", params, spaces, mixture_dataset, seed=0).training(gamma=GAMMA)
+    batch = _mapped(ReturnsData, config)
+
+    arrays = dataset.load_arrays(mixture_dataset)
+    expected = np.zeros(len(arrays[Col.REWARDS]))
+    for i in reversed(range(len(expected))):
+        later = i + 1 < len(expected) and arrays[Col.EPS_ID][i + 1] == arrays[Col.EPS_ID][i]
+        expected[i] = arrays[Col.REWARDS][i] + GAMMA * (expected[i + 1] if later else 0.0)
+    # Ray Data may hand the files over in any order: match rows by their observation.
+    expected_by_obs = {obs.tobytes(): value for obs, value in zip(arrays[Col.OBS], expected)}
+    assert len(batch["default_policy/obs"]) == len(expected) and batch["default_policy/loss_mask"].all()
+    np.testing.assert_allclose(batch["default_policy/value_targets"],
+                               [expected_by_obs[obs.tobytes()] for obs in batch["default_policy/obs"]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("cache_mib, materialized", [(1024, True), (0, False)])
+def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, materialized):
+    from ray.data.dataset import MaterializedDataset
+
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    data = TransitionsData(config).data
+    assert isinstance(data, MaterializedDataset) == materialized
+    assert data.count() == dataset.read_card(mixture_dataset).transitions

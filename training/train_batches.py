@@ -1,0 +1,140 @@
+"""Train batches built from the dataset's columns with numpy, in place of RLlib's OfflinePreLearner.
+
+RLlib's OfflinePreLearner turns every Parquet row into a one-step `SingleAgentEpisode` in Python and runs the
+learner connector pipeline over those episodes, in a Ray actor that is started again (importing torch and
+RLlib) at every pass over the data. On flat transition data that is the slowest step of offline training.
+For MARWIL it is also wrong: with each row its own episode, the "returns" that weight actions are
+r + gamma * V(s') with V frozen at the module's initial weights (the actor never receives updated weights),
+and half of every batch is padding rows masked out of the loss.
+
+`TransitionsData` and its subclasses map rows to the same flattened `default_policy/<column>` batch with
+stateless numpy functions in Ray Data tasks; MARWIL's computes discounted returns-to-go over each episode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.offline.offline_data import OfflineData
+
+from collectors.dataset import Col
+
+# Dataset column -> train batch column, for the columns every learner reads.
+TRAIN_COLUMNS = {
+    Col.OBS: Columns.OBS,
+    Col.ACTIONS: Columns.ACTIONS,
+    Col.REWARDS: Columns.REWARDS,
+    Col.NEW_OBS: Columns.NEXT_OBS,
+    Col.TERMINATEDS: Columns.TERMINATEDS,
+    Col.TRUNCATEDS: Columns.TRUNCATEDS,
+    Col.ACTION_LOGP: Columns.ACTION_LOGP,
+}
+FLOAT_COLUMNS = (Columns.OBS, Columns.NEXT_OBS, Columns.REWARDS, Columns.ACTION_LOGP)
+
+
+def _as_array(column) -> np.ndarray:
+    """Ray Data hands fixed-size list columns over as arrays of arrays; learners want one 2-D array."""
+    column = np.asarray(column)
+    return np.stack(column) if column.dtype == object else column
+
+
+def transitions(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The learner's columns of a batch of dataset rows, by their RLlib names."""
+    columns = {out: _as_array(batch[col]) for col, out in TRAIN_COLUMNS.items() if col in batch}
+    for name in FLOAT_COLUMNS:
+        if name in columns:
+            columns[name] = columns[name].astype(np.float32, copy=False)
+    return columns
+
+
+def flat(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Keyed by module, flattened, as RLlib's learners take offline batches."""
+    return {f"{DEFAULT_MODULE_ID}/{name}": values for name, values in columns.items()}
+
+
+def episode_run_ends(eps_id: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """True at each row that is the last of its run of consecutive steps of one episode in this batch."""
+    run_ends = np.ones(len(eps_id), dtype=bool)
+    run_ends[:-1] = (eps_id[1:] != eps_id[:-1]) | (t[1:] != t[:-1] + 1)
+    return run_ends
+
+
+def returns_to_go(rewards: np.ndarray, run_ends: np.ndarray, gamma: float) -> np.ndarray:
+    """sum_k gamma^k r_{t+k} over the rest of each row's run."""
+    out = np.empty(len(rewards), dtype=np.float32)
+    running, last = 0.0, len(rewards) - 1
+    # A loop over Python floats: about 10M rows/s, far ahead of any learner, and exact (a vectorised
+    # gamma^-t rescaling overflows or loses precision on long episodes).
+    for i, (reward, end) in enumerate(zip(reversed(rewards.tolist()), reversed(run_ends.tolist()))):
+        running = reward + gamma * (0.0 if end else running)
+        out[last - i] = running
+    return out
+
+
+def with_returns(batch: dict[str, np.ndarray], gamma: float) -> dict[str, np.ndarray]:
+    """Transitions plus MARWIL's value targets: the behaviour policy's discounted returns-to-go.
+
+    A batch can cut the episode at its end; those rows lack their future rewards, so the loss mask leaves them
+    out. Episodes ended by the env's time limit are not bootstrapped: their returns stop there, as the
+    behaviour policy's did.
+    """
+    columns = transitions(batch)
+    run_ends = episode_run_ends(np.asarray(batch[Col.EPS_ID]), np.asarray(batch[Col.T]))
+    done = columns[Columns.TERMINATEDS] | columns[Columns.TRUNCATEDS]
+    run_of_row = np.concatenate([[0], np.cumsum(run_ends[:-1])])
+    columns[Columns.VALUE_TARGETS] = returns_to_go(columns[Columns.REWARDS], run_ends, gamma)
+    columns[Columns.LOSS_MASK] = done[run_ends][run_of_row]  # the run's last row ends the episode
+    return flat(columns)
+
+
+def with_unit_actions(batch: dict[str, np.ndarray], low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
+    """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL, see offline_cql.py)."""
+    columns = transitions(batch)
+    actions = columns[Columns.ACTIONS].astype(np.float32)
+    columns[Columns.ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, -1.0, 1.0)
+    return flat(columns)
+
+
+class TransitionsData(OfflineData):
+    """RLlib's OfflineData with the rows mapped by a stateless function in Ray Data tasks, instead of an
+    OfflinePreLearner actor."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        # RLlib's concurrency (actors in the pool) reads here as concurrent tasks.
+        self.data = self.data.map_batches(self.to_train_batch, fn_kwargs=self.batch_kwargs(config),
+                                          batch_size=self.read_rows(config), **self.map_batches_kwargs)
+        if config.materialize_mapped_data:  # held in the object store: later passes skip reading and mapping
+            self.data = self.data.materialize()
+        self.data_is_mapped = True  # OfflineData.sample must not map again
+
+    @staticmethod
+    def to_train_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return flat(transitions(batch))
+
+    def batch_kwargs(self, config) -> dict:
+        return {}
+
+    def read_rows(self, config) -> int | None:
+        """Rows per call; None maps each block as read (batching happens after the shuffle buffer)."""
+        return None
+
+
+class ReturnsData(TransitionsData):
+    """For MARWIL: reads `returns_read_rows` rows at a time, so that few episodes are cut by a read."""
+
+    to_train_batch = staticmethod(with_returns)
+
+    def batch_kwargs(self, config) -> dict:
+        return {"gamma": config.gamma}
+
+    def read_rows(self, config) -> int:
+        return config.returns_read_rows
+
+
+class UnitActionsData(TransitionsData):
+    to_train_batch = staticmethod(with_unit_actions)
+
+    def batch_kwargs(self, config) -> dict:
+        return {"low": config.action_space.low, "high": config.action_space.high}
