@@ -128,7 +128,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results, columns = {}, ["behaviour"]
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
-    for name in args.datasets or list(params.datasets):
+    for name in args.datasets or list(params.all_datasets):
         dataset_dir = args.datasets_dir / name
         card = dataset.read_card(dataset_dir)
         try:

@@ -57,7 +57,7 @@ def cmd_reference(args, params: Params) -> None:
     from training.evaluate import measure_references
 
     start_ray(params.ray)
-    measure_references([d.env for d in params.datasets.values()], params.evaluate, args.out)
+    measure_references([d.env for d in params.all_datasets.values()], params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("collect", help="collect one dataset named in params.yaml")
-    p.add_argument("name", help="key under `datasets` in params.yaml")
+    p.add_argument("name", help="key under `datasets` or `policy_datasets` in params.yaml")
     p.add_argument("--out", type=Path, help="dataset directory (default: datasets/NAME)")
     p.set_defaults(handler=cmd_collect)
 

@@ -12,6 +12,7 @@ import yaml
 from collectors.config import CollectConfig, DatasetConfig, require_positive
 from collectors.envs import check_env_id
 from collectors.errors import UserError
+from collectors.policies import is_mlflow_uri
 from training.config import AlgosConfig, EvaluateConfig, TrainConfig
 
 
@@ -32,6 +33,9 @@ class Params:
 
     datasets: dict[str, DatasetConfig]
     """Datasets to collect, by name; each becomes datasets/NAME."""
+    policy_datasets: dict[str, DatasetConfig] = field(default_factory=dict)
+    """Datasets collected with a policy this pipeline trains (`policy.model`: a `runs/.../checkpoint`), by
+    name; each becomes datasets/NAME once that run exists (dvc.yaml's collect_from_policy stage)."""
     ray: RayConfig = field(default_factory=RayConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -39,19 +43,30 @@ class Params:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
     def __post_init__(self):
-        for name, spec in self.datasets.items():
-            try:
-                check_env_id(spec.env)
-            except UserError as err:
-                raise ValueError(f"datasets.{name}.env: {err}") from None
-        missing = [d for d in self.train.datasets if d not in self.datasets]
+        for section in ("datasets", "policy_datasets"):
+            for name, spec in getattr(self, section).items():
+                try:
+                    check_env_id(spec.env)
+                except UserError as err:
+                    raise ValueError(f"{section}.{name}.env: {err}") from None
+        for name, spec in self.policy_datasets.items():
+            if name in self.datasets:
+                raise ValueError(f"policy_datasets.{name} is also under `datasets`; give it another name")
+            if spec.policy.kind != "model" or is_mlflow_uri(spec.policy.model):
+                raise ValueError(f"policy_datasets.{name}.policy must be kind 'model' with a checkpoint directory "
+                                 "that the pipeline trains (e.g. runs/ALGO-DATASET/checkpoint)")
+        missing = [d for d in self.train.datasets if d not in self.all_datasets]
         if missing:
-            raise ValueError(f"train.datasets names {missing}, which are not under `datasets`")
+            raise ValueError(f"train.datasets names {missing}, which are not under `datasets` or `policy_datasets`")
+
+    @property
+    def all_datasets(self) -> dict[str, DatasetConfig]:
+        return {**self.datasets, **self.policy_datasets}
 
     def dataset(self, name: str) -> DatasetConfig:
-        if name not in self.datasets:
-            raise UserError(f"no dataset '{name}' in params.yaml: known are {', '.join(self.datasets)}")
-        return self.datasets[name]
+        if name not in self.all_datasets:
+            raise UserError(f"no dataset '{name}' in params.yaml: known are {', '.join(self.all_datasets)}")
+        return self.all_datasets[name]
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

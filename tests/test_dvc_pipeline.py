@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from collectors import dataset
 from tests.conftest import REPO
 
 
@@ -36,6 +37,10 @@ def repo(tmp_path_factory) -> Path:
         "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
         "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": {"kind": "expert"}},
     }
+    # Collected with the DQN the pipeline trains on the expert data: DVC must order train -> collect.
+    params["policy_datasets"] = {"cartpole-learned": {
+        "env": "CartPole-v1", "episodes": 10, "seed": 5,
+        "policy": {"kind": "model", "model": "runs/dqn-cartpole-expert/checkpoint"}}}
     params["collect"]["episodes_per_file"] = 10
     params["train"]["datasets"] = ["cartpole-expert"]
     params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
@@ -49,7 +54,8 @@ def repo(tmp_path_factory) -> Path:
 
 
 def test_repro_produces_datasets_runs_and_report(repo):
-    assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {"cartpole-random", "cartpole-expert"}
+    assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {"cartpole-random", "cartpole-expert",
+                                                                             "cartpole-learned"}
     summary = (repo / "reports" / "summary.md").read_text()
     assert "| CartPole-v1 | cartpole-expert | bc |" in summary
     assert "| CartPole-v1 | cartpole-expert | dqn |" in summary
@@ -57,6 +63,10 @@ def test_repro_produces_datasets_runs_and_report(repo):
         assert (repo / "reports" / image).stat().st_size > 1000
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert "collect@cartpole-expert" in lock["stages"] and "report" in lock["stages"]
+    learned = lock["stages"]["collect_from_policy@cartpole-learned"]
+    assert "runs/dqn-cartpole-expert/checkpoint" in [dep["path"] for dep in learned["deps"]]
+    card = dataset.read_card(repo / "datasets" / "cartpole-learned")
+    assert card.behavior_policy["model"] == "runs/dqn-cartpole-expert/checkpoint" and card.episodes == 10
 
 
 def test_bc_and_marwil_clone_the_expert(repo):

@@ -22,7 +22,8 @@ def test_the_default_params_parse():
     params = load_params(REPO / "params.yaml")
     assert params.datasets["cartpole-expert"].policy.kind == "expert"
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
-    assert set(params.train.datasets) <= set(params.datasets)
+    assert set(params.train.datasets) <= set(params.all_datasets)
+    assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -36,6 +37,9 @@ def test_the_default_params_parse():
     (lambda p: p["train"].update(datasets=["nope"]), r"train.datasets names \['nope'\]"),
     (lambda p: p["collect"].update(num_colectors=3), r"unknown key 'collect.num_colectors'"),
     (lambda p: p["datasets"]["cartpole-medium"]["policy"].update(epsilon=1.5), r"epsilon 1.5 is out of range"),
+    (lambda p: p["policy_datasets"]["cartpole-learned"]["policy"].update(kind="expert"),
+     r"policy_datasets.cartpole-learned.policy must be kind 'model' with a checkpoint directory"),
+    (lambda p: p["algos"]["marwil"].update(advantage_norm_rate=0), r"advantage_norm_rate must be in \(0, 1\]"),
 ])
 def test_bad_params_name_the_key(tmp_path, mutate, message):
     with pytest.raises(UserError, match=message) as err:
