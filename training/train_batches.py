@@ -14,11 +14,12 @@ stateless numpy functions in Ray Data tasks; MARWIL's computes discounted return
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.offline.offline_data import OfflineData
 
-from collectors.dataset import Col
+from collectors.dataset import Col, column_to_numpy
 
 # Dataset column -> train batch column, for the columns every learner reads.
 TRAIN_COLUMNS = {
@@ -33,15 +34,10 @@ TRAIN_COLUMNS = {
 FLOAT_COLUMNS = (Columns.OBS, Columns.NEXT_OBS, Columns.REWARDS, Columns.ACTION_LOGP)
 
 
-def _as_array(column) -> np.ndarray:
-    """Ray Data hands fixed-size list columns over as arrays of arrays; learners want one 2-D array."""
-    column = np.asarray(column)
-    return np.stack(column) if column.dtype == object else column
-
-
-def transitions(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The learner's columns of a batch of dataset rows, by their RLlib names."""
-    columns = {out: _as_array(batch[col]) for col, out in TRAIN_COLUMNS.items() if col in batch}
+def transitions(rows: pa.Table) -> dict[str, np.ndarray]:
+    """The learner's columns of a batch of dataset rows, by their RLlib names (observations as 2-D arrays,
+    converted by Arrow, not row by row)."""
+    columns = {out: column_to_numpy(rows[col]) for col, out in TRAIN_COLUMNS.items() if col in rows.column_names}
     for name in FLOAT_COLUMNS:
         if name in columns:
             columns[name] = columns[name].astype(np.float32, copy=False)
@@ -72,15 +68,15 @@ def returns_to_go(rewards: np.ndarray, run_ends: np.ndarray, gamma: float) -> np
     return out
 
 
-def with_returns(batch: dict[str, np.ndarray], gamma: float) -> dict[str, np.ndarray]:
+def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     """Transitions plus MARWIL's value targets: the behaviour policy's discounted returns-to-go.
 
     A batch can cut the episode at its end; those rows lack their future rewards, so the loss mask leaves them
     out. Episodes ended by the env's time limit are not bootstrapped: their returns stop there, as the
     behaviour policy's did.
     """
-    columns = transitions(batch)
-    run_ends = episode_run_ends(np.asarray(batch[Col.EPS_ID]), np.asarray(batch[Col.T]))
+    columns = transitions(rows)
+    run_ends = episode_run_ends(column_to_numpy(rows[Col.EPS_ID]), column_to_numpy(rows[Col.T]))
     done = columns[Columns.TERMINATEDS] | columns[Columns.TRUNCATEDS]
     run_of_row = np.concatenate([[0], np.cumsum(run_ends[:-1])])
     columns[Columns.VALUE_TARGETS] = returns_to_go(columns[Columns.REWARDS], run_ends, gamma)
@@ -88,9 +84,9 @@ def with_returns(batch: dict[str, np.ndarray], gamma: float) -> dict[str, np.nda
     return flat(columns)
 
 
-def with_unit_actions(batch: dict[str, np.ndarray], low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
+def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
     """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL, see offline_cql.py)."""
-    columns = transitions(batch)
+    columns = transitions(rows)
     actions = columns[Columns.ACTIONS].astype(np.float32)
     columns[Columns.ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, -1.0, 1.0)
     return flat(columns)
@@ -104,14 +100,15 @@ class TransitionsData(OfflineData):
         super().__init__(config)
         # RLlib's concurrency (actors in the pool) reads here as concurrent tasks.
         self.data = self.data.map_batches(self.to_train_batch, fn_kwargs=self.batch_kwargs(config),
-                                          batch_size=self.read_rows(config), **self.map_batches_kwargs)
+                                          batch_size=self.read_rows(config), batch_format="pyarrow",
+                                          **self.map_batches_kwargs)
         if config.materialize_mapped_data:  # held in the object store: later passes skip reading and mapping
             self.data = self.data.materialize()
         self.data_is_mapped = True  # OfflineData.sample must not map again
 
     @staticmethod
-    def to_train_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return flat(transitions(batch))
+    def to_train_batch(rows: pa.Table) -> dict[str, np.ndarray]:
+        return flat(transitions(rows))
 
     def batch_kwargs(self, config) -> dict:
         return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,9 +16,8 @@ from training.train_batches import ReturnsData, TransitionsData, flat, transitio
 GAMMA = 0.5
 
 
-def _rows(path, start: int, n: int) -> dict[str, np.ndarray]:
-    table = pq.read_table(path / dataset.read_card(path).files[0]["path"]).slice(start, n)
-    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+def _rows(path, start: int, n: int) -> pa.Table:
+    return pq.read_table(path / dataset.read_card(path).files[0]["path"]).slice(start, n)
 
 
 def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
@@ -27,8 +27,10 @@ def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
     spaces = dataset.read_card(mixture_dataset).spaces
     config = rllib_config("bc", load_params("params.yaml").algos.bc, spaces, mixture_dataset, seed=0)
     config.rl_module(rl_module_spec=config.get_multi_rl_module_spec(spaces={"default_policy": spaces}))
-    rllib_batch = OfflinePreLearner(config=config, spaces=spaces)(_rows(mixture_dataset, 5, 300))
-    ours = flat(transitions(_rows(mixture_dataset, 5, 300)))
+    rows = _rows(mixture_dataset, 5, 300)
+    rllib_batch = OfflinePreLearner(config=config, spaces=spaces)(
+        {name: rows[name].to_numpy() for name in rows.column_names})  # as Ray Data hands it numpy batches
+    ours = flat(transitions(rows))
 
     assert sorted(ours) == sorted(rllib_batch)
     for key, values in rllib_batch.items():
@@ -38,13 +40,13 @@ def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
 
 def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
     # Episode 7 started before this batch (t = 3, 4) and ends here; episode 8 runs out of the batch.
-    batch = {
-        Col.EPS_ID: np.array([7, 7, 8, 8, 8]), Col.T: np.array([3, 4, 0, 1, 2]),
-        Col.OBS: np.zeros((5, 2)), Col.NEW_OBS: np.zeros((5, 2)), Col.ACTIONS: np.zeros(5, dtype=np.int64),
-        Col.REWARDS: np.array([1.0, 2.0, 4.0, 8.0, 16.0]),
-        Col.TERMINATEDS: np.array([False, True, False, False, False]), Col.TRUNCATEDS: np.zeros(5, dtype=bool),
-    }
-    out = with_returns(batch, gamma=GAMMA)
+    obs = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(10, dtype=np.float32)), 2)
+    rows = pa.table({
+        Col.EPS_ID: [7, 7, 8, 8, 8], Col.T: [3, 4, 0, 1, 2], Col.OBS: obs, Col.NEW_OBS: obs, Col.ACTIONS: [0] * 5,
+        Col.REWARDS: [1.0, 2.0, 4.0, 8.0, 16.0],
+        Col.TERMINATEDS: [False, True, False, False, False], Col.TRUNCATEDS: [False] * 5,
+    })
+    out = with_returns(rows, gamma=GAMMA)
     np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
     np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
 
