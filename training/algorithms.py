@@ -12,7 +12,8 @@ from training.config import BCParams, CQLParams, DQNParams, LearnerParams, MARWI
 from training.train_batches import TransitionsData
 
 # RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
-# on a 2-CPU node forever. One pre-learner actor leaves a CPU for reading; clusters can scale it up.
+# on a 2-CPU node forever. Our batches are mapped by tasks (training/train_batches.py); one at a time leaves a
+# CPU for reading.
 SMALL_MACHINE_MAP_BATCHES = {"concurrency": 1, "num_cpus": 1}
 
 

@@ -1,0 +1,125 @@
+"""Collection throughput: steps/s of `orl collect` ÷ (collectors × a plain gymnasium loop), measured in one run.
+
+The plain loop is the ceiling per core: one process, one environment, `env.step(policy(obs))` and nothing
+else (no recording, no Parquet). The same loops run in parallel, one process per collector, show what this
+machine's cores give together (2 vCPUs rarely scale 2x). `orl collect` is timed end to end on a running Ray: actors started, every
+episode stepped, recorded, written to Parquet through Ray Data and validated. Behaviour policies: random,
+the env's heuristic expert, and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
+
+    python benchmarks/collection_throughput.py --envs CartPole-v1 LunarLander-v3 --steps 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collectors.collect import collect  # noqa: E402
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
+from collectors.envs import env_spaces, make_env  # noqa: E402
+from collectors.policies import build_policy  # noqa: E402
+from collectors.rollout import episode_seeds  # noqa: E402
+from pipelines.cli import start_ray  # noqa: E402
+from pipelines.params import load_params  # noqa: E402
+
+# Typical episode lengths under each policy, to ask `orl collect` for about --steps steps.
+EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, ("CartPole-v1", "neural"): 22,
+                 ("LunarLander-v3", "random"): 95, ("LunarLander-v3", "expert"): 260,
+                 ("LunarLander-v3", "neural"): 95}
+
+
+def neural_policy_dir(env_id: str, out: Path) -> Path:
+    """An untrained RLlib MLP module for the env, saved as `orl collect` loads trained ones."""
+    from ray.rllib.algorithms.bc import BCConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    observation_space, action_space = env_spaces(env_id)
+    config = BCConfig().environment(observation_space=observation_space, action_space=action_space).rl_module(
+        model_config=DefaultModelConfig(fcnet_hiddens=[256, 256]))
+    module = config.get_rl_module_spec().build()
+    module.save_to_path(out / env_id)
+    return out / env_id
+
+
+def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
+    """Steps/s of one environment stepped under the policy, one observation at a time, on one core."""
+    import torch
+
+    # One thread, as in a Ray worker with 1 CPU: several loops with a thread per core each would thrash.
+    torch.set_num_threads(1)
+    env = make_env(env_id)
+    policy = build_policy(policy_config, env_id, env.action_space)
+    episode, rng = 0, None
+    obs, done = None, True
+    started = time.perf_counter()
+    for _ in range(steps):
+        if done:
+            env_seed, rng = episode_seeds(0, episode)
+            obs, _ = env.reset(seed=env_seed)
+            episode += 1
+        actions, _ = policy.act(obs[None], [rng], [env])
+        obs, _, terminated, truncated, _ = env.step(actions[0])
+        done = terminated or truncated
+    return steps / (time.perf_counter() - started)
+
+
+def parallel_plain_loops(env_id: str, policy_config: PolicyConfig, steps: int, processes: int) -> float:
+    """Total steps/s of `processes` plain loops running at once (each timed from its own first step)."""
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return sum(pool.starmap(plain_loop, [(env_id, policy_config, steps)] * processes))
+
+
+def orl_collect(env_id: str, policy_config: PolicyConfig, episodes: int, settings: CollectConfig) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        card = collect("bench", DatasetConfig(env=env_id, episodes=episodes, seed=0, policy=policy_config),
+                       settings, Path(tmp) / "bench")
+        return card.transitions / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
+    parser.add_argument("--policies", nargs="+", default=["random", "expert", "neural"])
+    parser.add_argument("--steps", type=int, default=200_000, help="about this many steps per measurement")
+    parser.add_argument("--collectors", type=int, nargs="+", default=None,
+                        help="collector counts to compare (default: params.yaml's collect.num_collectors)")
+    args = parser.parse_args()
+
+    params = load_params(args.params)
+    start_ray(params.ray)
+    counts = args.collectors or [params.collect.num_collectors]
+    rows = ["| env | policy | collectors | plain loop steps/s | plain loops in parallel | orl collect steps/s | ratio "
+            "(÷ collectors × plain) | ÷ plain loops in parallel |", "|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as modules:
+        for env_id in args.envs:
+            for kind in args.policies:
+                if kind == "neural":
+                    policy = PolicyConfig(kind="model", model=str(neural_policy_dir(env_id, Path(modules))))
+                else:
+                    policy = PolicyConfig(kind=kind)
+                plain = plain_loop(env_id, policy, min(args.steps, 50_000))
+                episodes = max(8, args.steps // EPISODE_STEPS[(env_id, kind)])
+                for count in counts:
+                    settings = CollectConfig(num_collectors=count, envs_per_collector=params.collect.envs_per_collector,
+                                             episodes_per_file=max(1, episodes // (4 * count)))
+                    parallel = parallel_plain_loops(env_id, policy, args.steps // count, count)
+                    rate = orl_collect(env_id, policy, episodes, settings)
+                    rows.append(f"| {env_id} | {kind} | {count} | {plain:,.0f} | {parallel:,.0f} | {rate:,.0f} | "
+                                f"{rate / (count * plain):.2f} | {rate / parallel:.2f} |")
+                    print(rows[-1], file=sys.stderr, flush=True)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Training start-up and memory against dataset size: 1M vs 10M transitions, measured in one run.
+
+For each size it collects (once, into --data-dir) a uniformly random CartPole dataset, then trains BC on it in
+a fresh process and reports:
+- start-up: seconds from building the algorithm to the end of its first iteration (`updates_per_iteration`
+  updates, about 0.1 s of it), with Ray already running;
+- peak RSS of the training process, and the peak summed RSS of it and every Ray process it started (the
+  object store's shared memory counts in the processes that map it).
+The ratio 10M ÷ 1M shows whether memory grows with the dataset (streaming keeps it flat).
+
+    python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collectors import dataset  # noqa: E402
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
+from pipelines.cli import start_ray  # noqa: E402
+from pipelines.params import load_params  # noqa: E402
+
+EPISODE_STEPS = 22  # a random CartPole episode, on average
+ROWS_PER_FILE = 1_000_000  # about 45 MiB of CartPole transitions per file
+
+
+def ensure_dataset(data_dir: Path, transitions: int) -> Path:
+    from collectors.collect import collect
+
+    path = data_dir / f"cartpole-random-{transitions}"
+    if not path.exists():
+        episodes = transitions // EPISODE_STEPS
+        settings = CollectConfig(num_collectors=2, envs_per_collector=8,
+                                 episodes_per_file=min(episodes, ROWS_PER_FILE // EPISODE_STEPS))
+        collect(path.name, DatasetConfig(env="CartPole-v1", episodes=episodes, seed=0,
+                                         policy=PolicyConfig(kind="random")), settings, path)
+    return path
+
+
+def process_tree_rss() -> int:
+    """Bytes of resident memory of this process and all its descendants (Ray's raylet, workers, store)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:  # exited meanwhile
+            pass
+    return total
+
+
+def measure(dataset_dir: Path, iterations: int, params_file: str) -> dict:
+    """Runs in a fresh process: start-up and peak memory of BC training on the dataset."""
+    from training.algorithms import rllib_config
+
+    params = load_params(params_file)
+    start_ray(params.ray)
+    peak = {"tree": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak["tree"] = max(peak["tree"], process_tree_rss())
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    bc = params.algos.bc
+    started = time.perf_counter()
+    algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+    algorithm.train()
+    startup = time.perf_counter() - started
+    for _ in range(iterations):
+        algorithm.train()
+    done.set()
+    algorithm.stop()
+    del algorithm
+    gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else exit hangs re-starting Ray)
+    return {"startup_s": startup, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_tree_rss": peak["tree"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/orl-scale"))
+    parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measurement
+    args = parser.parse_args()
+
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.iterations, args.params)))
+        return
+    start_ray(load_params(args.params).ray)
+    paths = [ensure_dataset(args.data_dir, size) for size in args.sizes]
+    import ray
+
+    ray.shutdown()  # each measurement starts its own Ray, in its own process
+    rows = ["| transitions | files | on disk (MiB) | bytes/transition | start-up (s) | peak RSS (MiB) | "
+            "peak RSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
+    results = []
+    for size, path in zip(args.sizes, paths):
+        out = subprocess.run([sys.executable, __file__, "--measure", str(path), "--iterations", str(args.iterations),
+                              "--params", args.params], capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        results.append(result)
+        card, disk = dataset.read_card(path), dataset.size_on_disk(path)
+        rows.append(f"| {card.transitions:,} | {len(card.files)} | {disk / 2**20:.0f} | {disk / card.transitions:.1f} | "
+                    f"{result['startup_s']:.1f} | {result['peak_rss'] / 2**20:.0f} | "
+                    f"{result['peak_tree_rss'] / 2**20:.0f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    if len(results) > 1:
+        rows.append(f"\nPeak RSS, largest ÷ smallest: {results[-1]['peak_rss'] / results[0]['peak_rss']:.2f} "
+                    f"(with Ray processes: {results[-1]['peak_tree_rss'] / results[0]['peak_tree_rss']:.2f})")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
