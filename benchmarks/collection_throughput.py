@@ -2,7 +2,7 @@
 
 The plain loop is the ceiling per core: one process, one environment, `env.step(policy(obs))` and nothing
 else (no recording, no Parquet). The same loops run in parallel, one process per collector, show what this
-machine's cores give together (2 vCPUs rarely scale 2x). `orl collect` is timed end to end on a running Ray: actors started, every
+machine's cores give together. `orl collect` is timed end to end on a running Ray: actors started, every
 episode stepped, recorded, written to Parquet through Ray Data and validated. Behaviour policies: random,
 the env's heuristic expert, and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
 

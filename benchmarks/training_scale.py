@@ -118,7 +118,8 @@ def main() -> None:
         result = json.loads(out.stdout.strip().splitlines()[-1])
         results.append(result)
         card, disk = dataset.read_card(path), dataset.size_on_disk(path)
-        rows.append(f"| {card.transitions:,} | {len(card.files)} | {disk / 2**20:.0f} | {disk / card.transitions:.1f} | "
+        rows.append(f"| {card.transitions:,} | {len(card.files)} | {disk / 2**20:.0f} | "
+                    f"{disk / card.transitions:.1f} | "
                     f"{result['startup_s']:.1f} | {result['peak_rss'] / 2**20:.0f} | "
                     f"{result['peak_tree_rss'] / 2**20:.0f} |")
         print(rows[-1], file=sys.stderr, flush=True)

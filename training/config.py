@@ -38,8 +38,9 @@ class LearnerParams:
     into each batch; the first update waits until the buffer is full (or the data ends)."""
     memory_cache_mib: int = 256
     """Datasets up to this size on disk (256 MiB: about 5M CartPole transitions) are read and mapped to train
-    batches once, and held in Ray's object store for every pass. Larger ones stream from Parquet at each pass: memory stays flat, but each pass
-    restarts the read pipeline (about 1.5 s on 2 cores). 0 always streams."""
+    batches once, and held in Ray's object store for every pass. Larger ones stream from Parquet at each
+    pass: memory stays flat, but each pass restarts the read pipeline (about 1.5 s on 2 cores). 0 always
+    streams."""
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer")
