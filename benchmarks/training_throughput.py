@@ -37,6 +37,7 @@ from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 from training.algorithms import rllib_config  # noqa: E402
 from training.config import DQNParams, LearnerParams, MARWILParams  # noqa: E402
+from training.train_batches import episode_run_ends, returns_to_go  # noqa: E402
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
@@ -61,7 +62,8 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> 
     model = nn.ModuleDict({"body": body, "heads": heads, "critic_body": critic_body})
     target = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=params.lr)
-    returns = torch.as_tensor(_discounted_returns(arrays, getattr(params, "gamma", 0.99)))
+    run_ends = episode_run_ends(arrays[Col.EPS_ID], arrays[Col.T])
+    returns = torch.as_tensor(returns_to_go(arrays[Col.REWARDS], run_ends, getattr(params, "gamma", 0.99)))
 
     def q_values(net, x):  # dueling: V + A - mean(A)
         h = net["body"](x)
@@ -91,17 +93,6 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> 
         loss.backward()
         optimizer.step()
     return updates * params.batch_size / (time.perf_counter() - started)
-
-
-def _discounted_returns(arrays: dict, gamma: float) -> np.ndarray:
-    rewards, eps = arrays[Col.REWARDS], arrays[Col.EPS_ID]
-    out, running = np.zeros(len(rewards), dtype=np.float32), 0.0
-    for k in range(len(rewards) - 1, -1, -1):
-        if k == len(rewards) - 1 or eps[k] != eps[k + 1]:
-            running = 0.0
-        running = rewards[k] + gamma * running
-        out[k] = running
-    return out
 
 
 def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: int) -> tuple[float, float, float]:
