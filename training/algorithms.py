@@ -9,7 +9,6 @@ import gymnasium as gym
 from collectors import dataset
 from collectors.errors import UserError
 from training.config import BCParams, CQLParams, DQNParams, LearnerParams, MARWILParams
-from training.train_batches import TransitionsData
 
 # RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
 # on a 2-CPU node forever. Our batches are mapped by tasks (training/train_batches.py); one at a time leaves a
@@ -41,6 +40,9 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
                                                    fcnet_activation=params.activation, vf_share_layers=False))
         .debugging(seed=seed)
+        # Turns off RLlib's two finiteness checks per gradient tensor: our learners make one per update
+        # (training/lean_learner.py).
+        .framework(torch_skip_nan_gradients=True)
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
@@ -83,9 +85,9 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
             returns_read_rows=params.returns_read_rows,
         )
     elif isinstance(params, BCParams):
-        from ray.rllib.algorithms.bc import BCConfig
+        from training.offline_marwil import OfflineBCConfig
 
-        config = BCConfig().training(lr=params.lr).offline_data(offline_data_class=TransitionsData)
+        config = OfflineBCConfig().training(lr=params.lr)
     else:
         raise TypeError(f"no RLlib mapping for {type(params).__name__} ({algo})")
     return _common(config, params, spaces, dataset_dir, seed)

@@ -11,9 +11,15 @@ env's bounds, where users expect them) to [-1, 1]. `collectors.policies.ModulePo
 from __future__ import annotations
 
 from ray.rllib.algorithms.cql import CQL, CQLConfig
+from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
 
+from training.lean_learner import LeanTorchLearner
 from training.offline_dqn import WithoutEnvRunners
 from training.train_batches import UnitActionsData
+
+
+class OfflineCQLTorchLearner(LeanTorchLearner, CQLTorchLearner):
+    pass
 
 
 class OfflineCQLConfig(CQLConfig):
@@ -21,6 +27,9 @@ class OfflineCQLConfig(CQLConfig):
         super().__init__(algo_class=algo_class or OfflineCQL)
         self._is_online = False
         self.offline_data_class = UnitActionsData
+
+    def get_default_learner_class(self):
+        return OfflineCQLTorchLearner
 
 
 class OfflineCQL(WithoutEnvRunners, CQL):

@@ -27,6 +27,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
+from training.lean_learner import LeanTorchLearner
 from training.train_batches import TransitionsData
 
 CQL_PENALTY = "cql_penalty"
@@ -92,7 +93,7 @@ class OfflineDQN(WithoutEnvRunners, DQN):
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
 
 
-class OfflineDQNTorchLearner(DQNTorchLearner):
+class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
     """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H)).
 
     Target networks sync every `target_network_update_freq` gradient updates.

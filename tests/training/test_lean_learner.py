@@ -1,0 +1,46 @@
+"""Our learners' single finiteness check: a non-finite update is skipped whole and counted, a finite one applied."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+from collectors import dataset
+from collectors.dataset import Col
+from pipelines.params import load_params
+from training.algorithms import rllib_config
+from training.lean_learner import SKIPPED_UPDATES
+
+
+def _weights(learner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in learner.module[DEFAULT_MODULE_ID].parameters()]
+
+
+def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_dataset, ray_local):
+    params = load_params("params.yaml").algos.bc
+    algorithm = rllib_config("bc", params, dataset.read_card(expert_dataset).spaces, expert_dataset,
+                             seed=0).build_algo()
+    try:
+        learner = algorithm.learner_group._learner
+        data = algorithm.offline_data.data.take_batch(64, batch_format="numpy")
+        columns = {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+
+        def update(observations: torch.Tensor) -> dict:
+            batch = SampleBatch({**columns, Col.OBS: observations})
+            return learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: batch}, env_steps=64),
+                                  timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
+
+        before = _weights(learner)
+        poisoned = columns[Col.OBS].clone()
+        poisoned[0, 0] = float("nan")
+        results = update(poisoned)
+        assert all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
+        assert results[DEFAULT_MODULE_ID][SKIPPED_UPDATES].peek() == 1
+
+        update(columns[Col.OBS])
+        assert not all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
+    finally:
+        algorithm.stop()

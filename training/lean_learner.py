@@ -1,0 +1,40 @@
+"""Per-update costs of RLlib's TorchLearner that small networks on CPU feel, taken out for our learners.
+
+- RLlib checks every gradient tensor for nan/inf twice per update, each check a separate op and a sync
+  (`TorchLearner.apply_gradients`). `LeanTorchLearner` makes one check: the largest absolute gradient of
+  all tensors, computed by one foreach op. An update with a non-finite gradient is skipped (RLlib would
+  zero those entries and step, which corrupts Adam's moments) and counted. It relies on the config's
+  `torch_skip_nan_gradients=True`, which in RLlib 2.60 turns both of RLlib's checks off
+  (training/algorithms.py sets it).
+- Denormal floats are flushed to zero. As a cloned policy grows confident its gradients, and Adam's
+  second moments, fall into the denormal range, where CPU float math is many times slower: in a 160-iteration
+  BC run on cartpole-expert, iterations 60-120 ran at 45k samples/s instead of 97k; flushed, at 80k.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SKIPPED_UPDATES = "nonfinite_updates_skipped"
+
+
+class LeanTorchLearner:
+    """Mixin, listed before RLlib's TorchLearner subclass in the bases."""
+
+    def build(self) -> None:
+        super().build()
+        torch.set_flush_denormal(True)
+
+    def apply_gradients(self, gradients_dict) -> None:
+        gradients = [gradient for gradient in gradients_dict.values() if gradient is not None]
+        largest = torch.nn.utils.get_total_norm(gradients, norm_type=float("inf"))
+        if torch.isfinite(largest):
+            super().apply_gradients(gradients_dict)
+            return
+        logger.warning("Skipping an update whose gradients contain nan or inf.")
+        for module_id in self.module.keys():
+            self.metrics.log_value((module_id, SKIPPED_UPDATES), 1, reduce="lifetime_sum")
