@@ -62,7 +62,7 @@ def rllib_config(algo: str, params: LearnerParams, spaces, dataset_dir: Path, se
             raise UserError(f"{algo} needs discrete actions; this dataset's action space is {spaces[1]}")
         config = OfflineDQNConfig().training(
             lr=params.lr, gamma=params.gamma, double_q=params.double_q, dueling=params.dueling,
-            cql_alpha=params.cql_alpha, target_network_update_freq=params.target_update_every,
+            cql_alpha=params.cql_alpha, target_network_update_freq=params.target_update_every, n_step=params.n_step,
         )
     elif isinstance(params, CQLParams):
         from training.offline_cql import OfflineCQLConfig

@@ -97,13 +97,17 @@ class DQNParams(LearnerParams):
     """Pick the next action with the online network and value it with the target network."""
     dueling: bool = True
     """Separate value and advantage heads."""
+    n_step: int = 1
+    """Rewards summed in the TD target before it bootstraps: r_t + ... + gamma^(n-1) r_(t+n-1) + gamma^n Q(s_(t+n)),
+    over fewer steps where the episode ends sooner. More steps carry reward back faster, with the bias of
+    the behaviour policy's actions in them."""
     cql_alpha: float = 0.0
     """Weight of CQL's logsumexp penalty, which pushes down Q-values of actions the data does not take; 0 is
     plain DQN."""
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive(self, "target_update_every")
+        require_positive(self, "target_update_every", "n_step")
         _require_discount(self.gamma)
         if self.cql_alpha < 0:
             raise ValueError(f"cql_alpha must be >= 0, got {self.cql_alpha}")

@@ -3,7 +3,7 @@
 RLlib 2.60's DQN always samples env runners into a replay buffer; `offline_data` is built but never read.
 `OfflineDQN` keeps DQN's RLModule (dueling heads, target network) and learner (double Q, Huber TD loss,
 target updates) and replaces the training step with the one BC/MARWIL/CQL use: batches from
-`self.offline_data`, no env runners. Rows are one-step transitions, so n-step returns are 1-step.
+`self.offline_data`, no env runners. n-step returns are summed from each episode's rows (`NStepData`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from ray.rllib.utils.metrics import (
 )
 
 from training.lean_learner import LeanTorchLearner
-from training.train_batches import TransitionsData
+from training.train_batches import NStepData
 
 CQL_PENALTY = "cql_penalty"
+GRADIENT_UPDATES = "gradient_updates"
 
 
 class OfflineDQNConfig(DQNConfig):
@@ -43,12 +44,11 @@ class OfflineDQNConfig(DQNConfig):
         super().__init__(algo_class=algo_class or OfflineDQN)
         self._is_online = False
         self.cql_alpha = 0.0
-        self.n_step = 1
         # One training_step per iteration, as in BC/MARWIL. DQN's default repeats it until env runners have
         # sampled 1000 steps, which offline never happens.
         self.min_sample_timesteps_per_iteration = 0
-        # Batches (with NEXT_OBS) straight from the dataset's columns.
-        self.offline_data_class = TransitionsData
+        # Batches (with NEXT_OBS, and rewards summed over `n_step` steps) straight from the dataset's columns.
+        self.offline_data_class = NStepData
 
     def training(self, *, cql_alpha: float | None = None, **kwargs) -> "OfflineDQNConfig":
         super().training(**kwargs)
@@ -96,12 +96,19 @@ class OfflineDQN(WithoutEnvRunners, DQN):
 class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
     """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H)).
 
-    Target networks sync every `target_network_update_freq` gradient updates.
+    Target networks sync every `target_network_update_freq` gradient updates, counted across checkpoints.
     """
 
     def build(self) -> None:
         super().build()
         self._gradient_updates = 0
+
+    def get_state(self, *args, **kwargs):
+        return {**super().get_state(*args, **kwargs), GRADIENT_UPDATES: self._gradient_updates}
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        self._gradient_updates = state.get(GRADIENT_UPDATES, self._gradient_updates)
 
     def apply_gradients(self, gradients_dict) -> None:
         super().apply_gradients(gradients_dict)
@@ -119,10 +126,8 @@ class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
         TorchLearner.after_gradient_based_update(self, timesteps=timesteps)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        rewards = batch[Columns.REWARDS]
-        # What the replay buffer would add: the step count of each return, and uniform importance weights.
-        batch["n_step"] = torch.ones_like(rewards)
-        batch["weights"] = torch.ones_like(rewards)
+        # What prioritized replay would add: importance weights, uniform here.
+        batch["weights"] = torch.ones_like(batch[Columns.REWARDS])
         loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
         # Per-sample TD errors feed prioritized replay, which offline training has none of; kept, they fail to
         # stack when a pass over the data ends in a shorter batch.

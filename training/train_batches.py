@@ -8,7 +8,8 @@ r + gamma * V(s') with V frozen at the module's initial weights (the actor never
 and half of every batch is padding rows masked out of the loss.
 
 `TransitionsData` and its subclasses map rows to the same flattened `default_policy/<column>` batch with
-stateless numpy functions in Ray Data tasks; MARWIL's computes discounted returns-to-go over each episode.
+stateless numpy functions in Ray Data tasks; MARWIL's computes discounted returns-to-go over each episode, and
+DQN's n-step returns.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ TRAIN_COLUMNS = {
     Col.ACTION_LOGP: Columns.ACTION_LOGP,
 }
 FLOAT_COLUMNS = (Columns.OBS, Columns.NEXT_OBS, Columns.REWARDS, Columns.ACTION_LOGP)
+# Steps in each row's TD target; RLlib's DQN learner discounts the bootstrap by gamma ** batch["n_step"].
+N_STEP = "n_step"
 
 
 def transitions(rows: pa.Table) -> dict[str, np.ndarray]:
@@ -84,6 +87,30 @@ def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     return flat(columns)
 
 
+def with_n_step(rows: pa.Table, n: int, gamma: float) -> dict[str, np.ndarray]:
+    """Transitions whose reward is the discounted sum of up to `n` steps and whose next observation, and
+    termination, are those after the last of them: the n-step TD target r_t + ... + gamma^(k-1) r_(t+k-1)
+    + gamma^k max_a Q(s_(t+k), a), with k = `N_STEP` <= n. k is smaller where the episode, or this batch's run
+    of its steps, ends sooner; a k-step target is as valid as an n-step one.
+    """
+    columns = transitions(rows)
+    run_ends = episode_run_ends(column_to_numpy(rows[Col.EPS_ID]), column_to_numpy(rows[Col.T]))
+    row = np.arange(len(run_ends))
+    run_last_rows = np.flatnonzero(run_ends)
+    steps = np.minimum(n, run_last_rows[np.searchsorted(run_last_rows, row)] - row + 1)
+    rewards = columns[Columns.REWARDS]
+    summed = np.zeros_like(rewards)
+    for k in range(n):
+        reaches = steps > k
+        summed[reaches] += gamma**k * rewards[row[reaches] + k]
+    last = row + steps - 1
+    columns[Columns.REWARDS] = summed
+    for name in (Columns.NEXT_OBS, Columns.TERMINATEDS, Columns.TRUNCATEDS):
+        columns[name] = columns[name][last]
+    columns[N_STEP] = steps.astype(np.float32)
+    return flat(columns)
+
+
 def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
     """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL, see offline_cql.py)."""
     columns = transitions(rows)
@@ -128,6 +155,15 @@ class ReturnsData(TransitionsData):
 
     def read_rows(self, config) -> int:
         return config.returns_read_rows
+
+
+class NStepData(TransitionsData):
+    """For DQN: n-step transitions (`config.n_step`)."""
+
+    to_train_batch = staticmethod(with_n_step)
+
+    def batch_kwargs(self, config) -> dict:
+        return {"n": config.n_step, "gamma": config.gamma}
 
 
 class UnitActionsData(TransitionsData):

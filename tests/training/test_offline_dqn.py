@@ -74,3 +74,16 @@ def test_conservative_penalty_lowers_q_of_unseen_actions(expert_dataset, tmp_pat
         q_unseen = q.gather(1, (1 - taken)[:, None]).squeeze(1)  # the expert never takes these in these states
         gaps[alpha] = float((q_taken - q_unseen).mean())
     assert gaps[1.0] > gaps[0.0] + 0.5, gaps
+
+
+def test_target_sync_count_survives_a_checkpoint(expert_dataset, tmp_path):
+    """A resumed run syncs its target network on the same schedule as one never interrupted."""
+    params = DQNParams(**{**BUDGET, "iterations": 2, "updates_per_iteration": 30})
+    train_and_save(expert_dataset, params, tmp_path / "dqn")
+    algorithm = rllib_config("dqn", params, dataset.read_card(expert_dataset).spaces, expert_dataset,
+                             seed=0).build_algo()
+    try:
+        algorithm.learner_group.restore_from_path(tmp_path / "dqn" / "learner_group")  # as `orl train` resumes
+        assert algorithm.learner_group._learner._gradient_updates == 60
+    finally:
+        algorithm.stop()

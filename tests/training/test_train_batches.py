@@ -11,7 +11,8 @@ from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
 from training.algorithms import rllib_config
-from training.train_batches import ReturnsData, TransitionsData, flat, transitions, with_returns
+from training.train_batches import (N_STEP, NStepData, ReturnsData, TransitionsData, flat, transitions, with_n_step,
+                                    with_returns)
 
 GAMMA = 0.5
 
@@ -38,17 +39,31 @@ def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
         assert ours[key].dtype == values.numpy().dtype, key
 
 
-def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
-    # Episode 7 started before this batch (t = 3, 4) and ends here; episode 8 runs out of the batch.
-    obs = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(10, dtype=np.float32)), 2)
-    rows = pa.table({
-        Col.EPS_ID: [7, 7, 8, 8, 8], Col.T: [3, 4, 0, 1, 2], Col.OBS: obs, Col.NEW_OBS: obs, Col.ACTIONS: [0] * 5,
+def _two_episodes() -> pa.Table:
+    """Episode 7 started before this batch (t = 3, 4) and ends here; episode 8 runs out of the batch."""
+    new_obs = np.repeat(np.arange(5, dtype=np.float32), 2)  # row i's next observation is [i, i]
+    return pa.table({
+        Col.EPS_ID: [7, 7, 8, 8, 8], Col.T: [3, 4, 0, 1, 2], Col.ACTIONS: [0] * 5,
+        Col.OBS: pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(10, dtype=np.float32)), 2),
+        Col.NEW_OBS: pa.FixedSizeListArray.from_arrays(pa.array(new_obs), 2),
         Col.REWARDS: [1.0, 2.0, 4.0, 8.0, 16.0],
         Col.TERMINATEDS: [False, True, False, False, False], Col.TRUNCATEDS: [False] * 5,
     })
-    out = with_returns(rows, gamma=GAMMA)
+
+
+def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
+    out = with_returns(_two_episodes(), gamma=GAMMA)
     np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
     np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
+
+
+def test_n_step_transitions_stop_at_the_end_of_an_episode_or_batch():
+    out = with_n_step(_two_episodes(), n=2, gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/rewards"], [1 + 0.5 * 2, 2, 4 + 0.5 * 8, 8 + 0.5 * 16, 16])
+    np.testing.assert_array_equal(out[f"default_policy/{N_STEP}"], [2, 1, 2, 2, 1])
+    np.testing.assert_array_equal(out["default_policy/new_obs"][:, 0], [1, 1, 3, 4, 4])
+    np.testing.assert_array_equal(out["default_policy/terminateds"], [True, True, False, False, False])
+    np.testing.assert_array_equal(out["default_policy/obs"], transitions(_two_episodes())["obs"])
 
 
 def _mapped(data_class, config) -> dict[str, np.ndarray]:
@@ -73,6 +88,19 @@ def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset, 
     assert len(batch["default_policy/obs"]) == len(expected) and batch["default_policy/loss_mask"].all()
     np.testing.assert_allclose(batch["default_policy/value_targets"],
                                [expected_by_obs[obs.tobytes()] for obs in batch["default_policy/obs"]], rtol=1e-6)
+
+
+def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
+    """Through Ray Data over the real files: CartPole pays 1 per step, so a k-step reward is sum of gamma^i."""
+    params = load_params("params.yaml").algos.dqn
+    params = type(params)(**{**params.__dict__, "n_step": 3, "gamma": GAMMA})
+    batch = _mapped(NStepData, rllib_config("dqn", params, dataset.read_card(mixture_dataset).spaces,
+                                            mixture_dataset, seed=0))
+    steps = batch[f"default_policy/{N_STEP}"]
+    assert set(steps) == {1, 2, 3} and (steps == 3).mean() > 0.5
+    np.testing.assert_allclose(batch["default_policy/rewards"], (1 - GAMMA**steps) / (1 - GAMMA), rtol=1e-6)
+    # The last 3 steps of every terminated episode (CartPole's last at least 8) bootstrap from its end.
+    assert batch["default_policy/terminateds"].sum() == 3 * dataset.load_arrays(mixture_dataset)[Col.TERMINATEDS].sum()
 
 
 @pytest.mark.parametrize("cache_mib, materialized", [(1024, True), (0, False)])
