@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.offline.offline_data import OfflineData
@@ -119,6 +120,38 @@ def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray) -> dict
     return flat(columns)
 
 
+class InMemoryBatches:
+    """A mapped dataset held as tensors, read in shuffled passes: what a replay buffer does, and the plain torch
+    loop the throughput benchmark compares with.
+
+    It stands in for the `ray.data.DataIterator` that RLlib's learner reads (`iter_torch_batches`), so each
+    batch is one index lookup per column, with no Ray Data pipeline between updates. Each pass is a fresh
+    permutation of all rows (a global shuffle, where streaming has a buffer's); the rows a pass leaves over
+    (fewer than a batch) wait for the next.
+    """
+
+    def __init__(self, data, seed: int | None):
+        blocks = list(data.iter_batches(batch_size=None, batch_format="numpy"))
+        self.columns = {name: torch.from_numpy(np.concatenate([block[name] for block in blocks]))
+                        for name in blocks[0]}
+        self.rows = len(next(iter(self.columns.values())))
+        self.generator = torch.Generator().manual_seed(seed or 0)
+        self.batch_size, self.device = 0, "cpu"
+
+    def iter_torch_batches(self, *, batch_size: int, device="cpu", **_ray_data_kwargs) -> "InMemoryBatches":
+        """The batches to read, as `ray.data.DataIterator.iter_torch_batches` gives them; shuffle settings
+        are for streaming."""
+        self.batch_size, self.device = batch_size, device
+        return self
+
+    def __iter__(self):
+        order = torch.randperm(self.rows, generator=self.generator)
+        # A dataset smaller than a batch is read whole; a pass that yielded nothing would make RLlib wait forever.
+        for start in range(0, max(self.rows - self.batch_size + 1, 1), self.batch_size):
+            picked = order[start:start + self.batch_size]
+            yield {name: values[picked].to(self.device) for name, values in self.columns.items()}
+
+
 class TransitionsData(OfflineData):
     """RLlib's OfflineData with the rows mapped by a stateless function in Ray Data tasks, instead of an
     OfflinePreLearner actor."""
@@ -129,9 +162,19 @@ class TransitionsData(OfflineData):
         self.data = self.data.map_batches(self.to_train_batch, fn_kwargs=self.batch_kwargs(config),
                                           batch_size=self.read_rows(config), batch_format="pyarrow",
                                           **self.map_batches_kwargs)
-        if config.materialize_mapped_data:  # held in the object store: later passes skip reading and mapping
-            self.data = self.data.materialize()
         self.data_is_mapped = True  # OfflineData.sample must not map again
+        # Small datasets are mapped once: held by a local learner as tensors, else in the object store.
+        self.in_memory = None
+        if config.materialize_mapped_data and config.num_learners == 0:
+            self.in_memory = InMemoryBatches(self.data, seed=config.seed)
+        elif config.materialize_mapped_data:
+            self.data = self.data.materialize()
+
+    def sample(self, num_samples, return_iterator=False, num_shards=1, module_state=None):
+        if self.in_memory is not None and return_iterator:
+            return [self.in_memory]
+        return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
+                              module_state=module_state)
 
     @staticmethod
     def to_train_batch(rows: pa.Table) -> dict[str, np.ndarray]:

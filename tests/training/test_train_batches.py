@@ -6,13 +6,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
 from training.algorithms import rllib_config
-from training.train_batches import (N_STEP, NStepData, ReturnsData, TransitionsData, flat, transitions, with_n_step,
-                                    with_returns)
+from training.train_batches import (N_STEP, InMemoryBatches, NStepData, ReturnsData, TransitionsData, flat, transitions,
+                                    with_n_step, with_returns)
 
 GAMMA = 0.5
 
@@ -103,13 +104,31 @@ def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
     assert batch["default_policy/terminateds"].sum() == 3 * dataset.load_arrays(mixture_dataset)[Col.TERMINATEDS].sum()
 
 
-@pytest.mark.parametrize("cache_mib, materialized", [(1024, True), (0, False)])
-def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, materialized):
-    from ray.data.dataset import MaterializedDataset
+@pytest.mark.parametrize("cache_mib, in_memory", [(1024, True), (0, False)])
+def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, in_memory):
+    from ray.data import DataIterator
 
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
-    data = TransitionsData(config).data
-    assert isinstance(data, MaterializedDataset) == materialized
-    assert data.count() == dataset.read_card(mixture_dataset).transitions
+    [iterator] = TransitionsData(config).sample(num_samples=64, return_iterator=True, num_shards=0)
+    assert isinstance(iterator, InMemoryBatches if in_memory else DataIterator)
+    batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
+    rows = dataset.read_card(mixture_dataset).transitions
+    assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
+    assert sorted(batches[0]) == sorted(flat(transitions(_rows(mixture_dataset, 0, 1))))
+
+
+def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
+    params = load_params("params.yaml").algos.bc
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    data = TransitionsData(config).in_memory
+    passes = [torch.cat([batch["default_policy/obs"] for batch in data.iter_torch_batches(batch_size=100)])
+              for _ in range(2)]
+    everything = {row.numpy().tobytes() for row in data.columns["default_policy/obs"]}
+    for seen in passes:
+        assert len(seen) == data.rows // 100 * 100
+        assert len({row.numpy().tobytes() for row in seen}) == len(seen) and {
+            row.numpy().tobytes() for row in seen} <= everything  # each row at most once per pass
+    assert not torch.equal(passes[0], passes[1])
+    assert len(list(data.iter_torch_batches(batch_size=10 * data.rows))) == 1  # smaller than a batch: read whole
