@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN, DQNConfig
-from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
+from ray.rllib.algorithms.dqn.dqn_learner import QF_NEXT_PREDS, QF_PREDS, QF_TARGET_NEXT_PREDS
+from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
@@ -58,6 +59,29 @@ class OfflineDQNConfig(DQNConfig):
 
     def get_default_learner_class(self):
         return OfflineDQNTorchLearner
+
+    def get_default_rl_module_spec(self):
+        spec = super().get_default_rl_module_spec()
+        spec.module_class = OfflineDQNTorchRLModule
+        return spec
+
+
+class OfflineDQNTorchRLModule(DefaultDQNTorchRLModule):
+    """RLlib's DQN module, with the online Q-values of the next observations (by which double Q picks the
+    bootstrap action) computed without gradients. RLlib computes them in one pass with the current
+    observations, so every backward pass covered twice the batch; the loss is the same."""
+
+    def _forward_train(self, batch):
+        if not self.uses_double_q:
+            return super()._forward_train(batch)
+        next_obs = {Columns.OBS: batch[Columns.NEXT_OBS]}
+        with torch.no_grad():
+            next_q = self.compute_q_values(next_obs)[QF_PREDS]
+        return {
+            QF_PREDS: self.compute_q_values({Columns.OBS: batch[Columns.OBS]})[QF_PREDS],
+            QF_NEXT_PREDS: next_q,
+            QF_TARGET_NEXT_PREDS: self.forward_target(next_obs)[QF_PREDS],
+        }
 
 
 class WithoutEnvRunners:
