@@ -4,16 +4,19 @@ For each size it collects (once, into --data-dir) a uniformly random CartPole da
 a fresh process and reports:
 - start-up: seconds from building the algorithm to the end of its first iteration (`updates_per_iteration`
   updates, about 0.1 s of it), with Ray already running;
-- peak RSS of the training process, and the peak summed RSS of it and every Ray process it started (the
-  object store's shared memory counts in the processes that map it).
-The ratio 10M ÷ 1M shows whether memory grows with the dataset (streaming keeps it flat).
+- peak RSS of the training process, and the peak summed PSS of it and every Ray process it started (PSS
+  splits each shared page, such as the object store's, among the processes that map it).
+The ratio 10M ÷ 1M shows whether memory grows with the dataset. With params.yaml's `memory_cache_mib` the 1M
+dataset is held in memory and the 10M one streams; `--memory-cache-mib 0` makes both stream.
 
     python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20
+    python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20 --memory-cache-mib 0
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import resource
@@ -48,21 +51,23 @@ def ensure_dataset(data_dir: Path, transitions: int) -> Path:
     return path
 
 
-def process_tree_rss() -> int:
-    """Bytes of resident memory of this process and all its descendants (Ray's raylet, workers, store)."""
+def process_tree_pss() -> int:
+    """Bytes of memory of this process and all its descendants (Ray's raylet, workers, store), each shared
+    page (the object store's, mapped by every process that reads or writes a block) split among its users.
+    Summed RSS would count those pages once per process."""
     import psutil
 
     me = psutil.Process()
     total = 0
     for process in [me, *me.children(recursive=True)]:
         try:
-            total += process.memory_info().rss
+            total += process.memory_full_info().pss
         except psutil.Error:  # exited meanwhile
             pass
     return total
 
 
-def measure(dataset_dir: Path, iterations: int, params_file: str) -> dict:
+def measure(dataset_dir: Path, iterations: int, params_file: str, memory_cache_mib: int | None) -> dict:
     """Runs in a fresh process: start-up and peak memory of BC training on the dataset."""
     from training.algorithms import rllib_config
 
@@ -73,11 +78,13 @@ def measure(dataset_dir: Path, iterations: int, params_file: str) -> dict:
 
     def sample() -> None:
         while not done.is_set():
-            peak["tree"] = max(peak["tree"], process_tree_rss())
+            peak["tree"] = max(peak["tree"], process_tree_pss())
             time.sleep(0.2)
 
     threading.Thread(target=sample, daemon=True).start()
     bc = params.algos.bc
+    if memory_cache_mib is not None:
+        bc = dataclasses.replace(bc, memory_cache_mib=memory_cache_mib)
     started = time.perf_counter()
     algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
     algorithm.train()
@@ -98,11 +105,13 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/orl-scale"))
+    parser.add_argument("--memory-cache-mib", type=int,
+                        help="overrides params.yaml's memory_cache_mib (0: every size streams)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measurement
     args = parser.parse_args()
 
     if args.measure:
-        print(json.dumps(measure(args.measure, args.iterations, args.params)))
+        print(json.dumps(measure(args.measure, args.iterations, args.params, args.memory_cache_mib)))
         return
     start_ray(load_params(args.params).ray)
     paths = [ensure_dataset(args.data_dir, size) for size in args.sizes]
@@ -110,11 +119,12 @@ def main() -> None:
 
     ray.shutdown()  # each measurement starts its own Ray, in its own process
     rows = ["| transitions | files | on disk (MiB) | bytes/transition | start-up (s) | peak RSS (MiB) | "
-            "peak RSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
+            "peak PSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
     results = []
     for size, path in zip(args.sizes, paths):
+        override = [] if args.memory_cache_mib is None else ["--memory-cache-mib", str(args.memory_cache_mib)]
         out = subprocess.run([sys.executable, __file__, "--measure", str(path), "--iterations", str(args.iterations),
-                              "--params", args.params], capture_output=True, text=True, check=True)
+                              "--params", args.params, *override], capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         results.append(result)
         card, disk = dataset.read_card(path), dataset.size_on_disk(path)

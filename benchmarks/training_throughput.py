@@ -37,7 +37,7 @@ from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 from training.algorithms import rllib_config  # noqa: E402
 from training.config import DQNParams, LearnerParams, MARWILParams  # noqa: E402
-from training.train_batches import episode_run_ends, returns_to_go  # noqa: E402
+from training.batch_columns import episode_run_ends, returns_to_go  # noqa: E402
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 AHEAD_BATCHES = 16

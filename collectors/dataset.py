@@ -397,7 +397,7 @@ def size_on_disk(path: str | os.PathLike) -> int:
     return sum((Path(path) / f["path"]).stat().st_size for f in read_card(path).files)
 
 
-def _load_table(path: str | os.PathLike) -> pa.Table:
+def load_table(path: str | os.PathLike) -> pa.Table:
     """The whole dataset as one Arrow table, each file read once and validated on the way."""
     card, tables = _validated_tables(path)
     names = card.schema().names  # files may order their columns differently
@@ -406,14 +406,14 @@ def _load_table(path: str | os.PathLike) -> pa.Table:
 
 def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The whole validated dataset in memory as numpy arrays: obs is (N, d), actions (N,) or (N, k)."""
-    table = _load_table(path)
+    table = load_table(path)
     return {name: column_to_numpy(table[name]) for name in table.column_names}
 
 
 def load_pandas(path: str | os.PathLike):
     """A pandas DataFrame, one row per transition (obs cells are numpy arrays); the same as
     `pd.read_parquet(path)`, validated."""
-    return _load_table(path).to_pandas()
+    return load_table(path).to_pandas()
 
 
 def load_ray(path: str | os.PathLike):

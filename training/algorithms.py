@@ -20,7 +20,7 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     observation_space, action_space = spaces
-    return (
+    config = (
         config.environment(observation_space=observation_space, action_space=action_space)
         .offline_data(
             input_=[str(Path(dataset_dir).resolve())],
@@ -46,6 +46,9 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
+    # Read by TransitionsData: RLlib's config has no setting for Ray Data's memory budget.
+    config.stream_read_ahead_bytes = params.stream_read_ahead_mib * 2**20
+    return config
 
 
 def curve_loss(params: LearnerParams) -> str:

@@ -34,16 +34,21 @@ class LearnerParams:
     activation: str = "relu"
     """Hidden-layer activation: relu, tanh or silu."""
     shuffle_buffer: int = 50_000
-    """Transitions held in the buffer that batches are drawn from at random. Larger mixes more episodes
-    into each batch; the first update waits until the buffer is full (or the data ends)."""
+    """For datasets that stream (see `memory_cache_mib`): transitions held in the buffer that batches are
+    drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
+    is full (or the data ends)."""
     memory_cache_mib: int = 256
     """Datasets up to this size on disk (256 MiB: about 5M CartPole transitions) are read and mapped to train
-    batches once, and held in Ray's object store for every pass. Larger ones stream from Parquet at each
-    pass: memory stays flat, but each pass restarts the read pipeline (about 1.5 s on 2 cores). 0 always
-    streams."""
+    batches once and held in memory, as tensors in the learner's process, each pass a fresh shuffle of all
+    rows. Larger ones stream from Parquet at each pass through `shuffle_buffer`: memory stays flat, but each
+    pass restarts the read pipeline (about 1.5 s on 2 cores). 0 always streams."""
+    stream_read_ahead_mib: int = 256
+    """For datasets that stream: object-store memory Ray Data may fill with rows read and mapped ahead of the
+    learner. It bounds training memory whatever the dataset's size."""
 
     def __post_init__(self):
-        require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer")
+        require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
+                         "stream_read_ahead_mib")
         if self.memory_cache_mib < 0:
             raise ValueError(f"memory_cache_mib must be >= 0, got {self.memory_cache_mib}")
         if not self.hidden_layers or min(self.hidden_layers) <= 0:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,9 +14,10 @@ import torch
 from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
+from training import batch_columns
 from training.algorithms import rllib_config
-from training.train_batches import (N_STEP, InMemoryBatches, NStepData, ReturnsData, TransitionsData, flat, transitions,
-                                    with_n_step, with_returns)
+from training.batch_columns import N_STEP, flat, transitions, with_n_step, with_returns
+from training.train_batches import InMemoryBatches, NStepData, ReturnsData, TransitionsData
 
 GAMMA = 0.5
 
@@ -50,6 +54,22 @@ def _two_episodes() -> pa.Table:
         Col.REWARDS: [1.0, 2.0, 4.0, 8.0, 16.0],
         Col.TERMINATEDS: [False, True, False, False, False], Col.TRUNCATEDS: [False] * 5,
     })
+
+
+def test_batch_columns_use_rllibs_names_without_importing_torch_or_rllib():
+    """Ray Data workers import batch_columns to map rows: torch and RLlib there would cost each worker
+    seconds to start and hundreds of MiB."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+
+    assert batch_columns.DEFAULT_MODULE_ID == DEFAULT_MODULE_ID
+    for name in ("OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "ACTION_LOGP",
+                 "VALUE_TARGETS", "LOSS_MASK"):
+        assert getattr(batch_columns, name) == getattr(Columns, name), name
+    imported = subprocess.run([sys.executable, "-c", "import sys, training.batch_columns; "
+                               "print(sorted({'torch', 'ray.rllib'} & set(sys.modules)))"],
+                              capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
 
 
 def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
@@ -111,8 +131,12 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
-    [iterator] = TransitionsData(config).sample(num_samples=64, return_iterator=True, num_shards=0)
+    data = TransitionsData(config)
+    [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
     assert isinstance(iterator, InMemoryBatches if in_memory else DataIterator)
+    if not in_memory:  # reading ahead stays within the object-store budget
+        limits = data.data.context.execution_options.resource_limits
+        assert limits.object_store_memory == params.stream_read_ahead_mib * 2**20
     batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
     rows = dataset.read_card(mixture_dataset).transitions
     assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
