@@ -10,11 +10,6 @@ from collectors import dataset
 from collectors.errors import UserError
 from training.config import BCParams, CQLParams, DQNParams, LearnerParams, MARWILParams
 
-# RLlib's default offline pipeline asks for 2 map_batches actors x 1 CPU, which starves the Parquet read task
-# on a 2-CPU node forever. Our batches are mapped by tasks (training/train_batches.py); one at a time leaves a
-# CPU for reading.
-SMALL_MACHINE_MAP_BATCHES = {"concurrency": 1, "num_cpus": 1}
-
 
 def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], dataset_dir: Path, seed: int):
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -25,7 +20,8 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
         .offline_data(
             input_=[str(Path(dataset_dir).resolve())],
             dataset_num_iters_per_learner=params.updates_per_iteration,
-            map_batches_kwargs=SMALL_MACHINE_MAP_BATCHES,
+            # Tasks, not RLlib's default 2 actors x 1 CPU, which starve the Parquet read task on 2 CPUs forever.
+            map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
             # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
             # so memory does not grow with them.
             materialize_mapped_data=dataset.size_on_disk(dataset_dir) <= params.memory_cache_mib * 2**20,

@@ -45,10 +45,13 @@ class LearnerParams:
     stream_read_ahead_mib: int = 256
     """For datasets that stream: object-store memory Ray Data may fill with rows read and mapped ahead of the
     learner. It bounds training memory whatever the dataset's size."""
+    map_tasks: int = 1
+    """For datasets that stream: Ray Data tasks mapping rows to train batches at once, 1 CPU each. One leaves
+    a CPU for reading on a 2-CPU machine; raise it on a cluster."""
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
-                         "stream_read_ahead_mib")
+                         "stream_read_ahead_mib", "map_tasks")
         if self.memory_cache_mib < 0:
             raise ValueError(f"memory_cache_mib must be >= 0, got {self.memory_cache_mib}")
         if not self.hidden_layers or min(self.hidden_layers) <= 0:
