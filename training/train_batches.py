@@ -21,6 +21,7 @@ from ray.rllib.offline.offline_data import OfflineData
 from collectors import dataset
 from training.batch_columns import train_batch, with_n_step, with_returns, with_unit_actions
 
+
 class InMemoryBatches:
     """Mapped columns held as tensors, read in shuffled passes: what a replay buffer does, and the plain torch
     loop the throughput benchmark compares with.
@@ -64,9 +65,9 @@ class TransitionsData(OfflineData):
                                           batch_size=self.read_rows(config), batch_format="pyarrow",
                                           **self.map_batches_kwargs)
         self.data_is_mapped = True  # OfflineData.sample must not map again
-        # Small datasets are mapped once. A local learner reads and maps them in its own process, whole files
-        # at a time, and holds them as tensors: no Ray Data workers to start. Remote learners share them
-        # through the object store.
+        # Small datasets are mapped once. A local learner reads and maps them in its own process, all rows at
+        # once (no episode is cut), and holds them as tensors: no Ray Data workers to start. Remote learners
+        # share them through the object store.
         self.in_memory = None
         if config.materialize_mapped_data and config.num_learners == 0:
             rows = dataset.load_table(config.input_[0])
