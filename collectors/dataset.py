@@ -399,7 +399,17 @@ def size_on_disk(path: str | os.PathLike) -> int:
 
 def load_table(path: str | os.PathLike) -> pa.Table:
     """The whole dataset as one Arrow table, each file read once and validated on the way."""
-    card, tables = _validated_tables(path)
+    return _one_table(*_validated_tables(path))
+
+
+def read_table(path: str | os.PathLike) -> pa.Table:
+    """The whole dataset as one Arrow table, read without checks: for callers that validated it already
+    (`orl train` does before training; checking 1M transitions again took 0.7 s of its start-up)."""
+    card = read_card(path)
+    return _one_table(card, (pq.read_table(Path(path) / entry["path"]) for entry in card.files))
+
+
+def _one_table(card: DatasetCard, tables) -> pa.Table:
     names = card.schema().names  # files may order their columns differently
     return pa.concat_tables([table.select(names) for table in tables])
 

@@ -67,10 +67,10 @@ class TransitionsData(OfflineData):
         self.data_is_mapped = True  # OfflineData.sample must not map again
         # Small datasets are mapped once. A local learner reads and maps them in its own process, all rows at
         # once (no episode is cut), and holds them as tensors: no Ray Data workers to start. Remote learners
-        # share them through the object store.
+        # share them through the object store. Like Ray Data's reads, this one leaves validation to the caller.
         self.in_memory = None
         if config.materialize_mapped_data and config.num_learners == 0:
-            rows = dataset.load_table(config.input_[0])
+            rows = dataset.read_table(config.input_[0])
             self.in_memory = InMemoryBatches(self.to_train_batch(rows, **self.batch_kwargs(config)), config.seed)
         elif config.materialize_mapped_data:
             self.data = self.data.materialize()
