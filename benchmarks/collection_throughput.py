@@ -12,6 +12,7 @@ the env's heuristic expert, and a neural one (an RLlib MLP module, 2 x 256, samp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing
 import sys
 import tempfile
@@ -111,8 +112,7 @@ def main() -> None:
                 plain = plain_loop(env_id, policy, min(args.steps, 50_000))
                 episodes = max(8, args.steps // EPISODE_STEPS[(env_id, kind)])
                 for count in counts:
-                    settings = CollectConfig(num_collectors=count, envs_per_collector=params.collect.envs_per_collector,
-                                             episodes_per_file=max(1, episodes // (4 * count)))
+                    settings = dataclasses.replace(params.collect, num_collectors=count)
                     parallel = parallel_plain_loops(env_id, policy, args.steps // count, count)
                     rate = orl_collect(env_id, policy, episodes, settings)
                     rows.append(f"| {env_id} | {kind} | {count} | {plain:,.0f} | {parallel:,.0f} | {rate:,.0f} | "

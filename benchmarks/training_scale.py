@@ -1,7 +1,8 @@
 """Training start-up and memory against dataset size: 1M vs 10M transitions, measured in one run.
 
-For each size it collects (once, into --data-dir) a uniformly random CartPole dataset, then trains BC on it in
-a fresh process and reports:
+For each size it collects (once, into --data-dir) a uniformly random CartPole dataset, reporting the files,
+time and peak memory of collecting (summed PSS of this process and Ray's), then trains BC on it in a fresh
+process and reports:
 - start-up: seconds from building the algorithm to the end of its first iteration (`updates_per_iteration`
   updates, about 0.1 s of it), with Ray already running;
 - peak RSS of the training process, and the peak summed PSS of it and every Ray process it started (PSS
@@ -19,15 +20,17 @@ import argparse
 import dataclasses
 import gc
 import json
-import resource
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import pyarrow.parquet as pq  # noqa: E402
 
 from collectors import dataset  # noqa: E402
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
@@ -35,20 +38,46 @@ from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 
 EPISODE_STEPS = 22  # a random CartPole episode, on average
-ROWS_PER_FILE = 1_000_000  # about 45 MiB of CartPole transitions per file
 
 
-def ensure_dataset(data_dir: Path, transitions: int) -> Path:
+@contextmanager
+def peak_memory():
+    """Yields a dict that holds, on exit, the peaks of this process's RSS ("rss") and of `process_tree_pss`
+    ("tree_pss"), sampled every 0.2 s meanwhile. (ru_maxrss would count the memory of the parent that forked
+    this process.)"""
+    import psutil
+
+    me = psutil.Process()
+    peak, done = {"rss": 0, "tree_pss": 0}, threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak["rss"] = max(peak["rss"], me.memory_info().rss)
+            peak["tree_pss"] = max(peak["tree_pss"], process_tree_pss())
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+
+
+def ensure_dataset(data_dir: Path, transitions: int, settings: CollectConfig) -> tuple[Path, dict | None]:
+    """The dataset's path, and the seconds and peak memory of collecting it (None if it was there already)."""
     from collectors.collect import collect
 
     path = data_dir / f"cartpole-random-{transitions}"
-    if not path.exists():
-        episodes = transitions // EPISODE_STEPS
-        settings = CollectConfig(num_collectors=2, envs_per_collector=8,
-                                 episodes_per_file=min(episodes, ROWS_PER_FILE // EPISODE_STEPS))
-        collect(path.name, DatasetConfig(env="CartPole-v1", episodes=episodes, seed=0,
-                                         policy=PolicyConfig(kind="random")), settings, path)
-    return path
+    if path.exists():
+        return path, None
+    spec = DatasetConfig(env="CartPole-v1", episodes=transitions // EPISODE_STEPS, seed=0,
+                         policy=PolicyConfig(kind="random"))
+    started = time.perf_counter()
+    with peak_memory() as peak:
+        collect(path.name, spec, settings, path)
+    return path, {"seconds": time.perf_counter() - started, "peak_pss": peak["tree_pss"]}
 
 
 def process_tree_pss() -> int:
@@ -73,30 +102,37 @@ def measure(dataset_dir: Path, iterations: int, params_file: str, memory_cache_m
 
     params = load_params(params_file)
     start_ray(params.ray)
-    peak = {"tree": 0}
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak["tree"] = max(peak["tree"], process_tree_pss())
-            time.sleep(0.2)
-
-    threading.Thread(target=sample, daemon=True).start()
     bc = params.algos.bc
     if memory_cache_mib is not None:
         bc = dataclasses.replace(bc, memory_cache_mib=memory_cache_mib)
-    started = time.perf_counter()
-    algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
-    algorithm.train()
-    startup = time.perf_counter() - started
-    for _ in range(iterations):
+    with peak_memory() as peak:
+        started = time.perf_counter()
+        algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
         algorithm.train()
-    done.set()
+        startup = time.perf_counter() - started
+        for _ in range(iterations):
+            algorithm.train()
     algorithm.stop()
     del algorithm
     gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else exit hangs re-starting Ray)
-    return {"startup_s": startup, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "peak_tree_rss": peak["tree"]}
+    return {"startup_s": startup, "peak_rss": peak["rss"], "peak_tree_rss": peak["tree_pss"]}
+
+
+def print_collection(collected: list[tuple[Path, dict | None]]) -> None:
+    """The collection table: file layout, time and peak memory of each dataset this run collected."""
+    rows = ["| transitions | files | file size (MiB) | row groups | collect (s) | steps/s | "
+            "peak PSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
+    for path, result in collected:
+        if result is None:
+            continue
+        card = dataset.read_card(path)
+        sizes = [(path / f["path"]).stat().st_size / 2**20 for f in card.files]
+        groups = sum(pq.read_metadata(path / f["path"]).num_row_groups for f in card.files)
+        rows.append(f"| {card.transitions:,} | {len(sizes)} | {min(sizes):.0f}-{max(sizes):.0f} | {groups} | "
+                    f"{result['seconds']:.0f} | {card.transitions / result['seconds']:,.0f} | "
+                    f"{result['peak_pss'] / 2**20:.0f} |")
+    if len(rows) > 2:
+        print("\n".join(rows) + "\n", flush=True)
 
 
 def main() -> None:
@@ -107,17 +143,23 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/orl-scale"))
     parser.add_argument("--memory-cache-mib", type=int,
                         help="overrides params.yaml's memory_cache_mib (0: every size streams)")
+    parser.add_argument("--episodes-per-task", type=int, default=2000,
+                        help="collect.episodes_per_task for collecting; random CartPole episodes are short")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measurement
     args = parser.parse_args()
 
     if args.measure:
         print(json.dumps(measure(args.measure, args.iterations, args.params, args.memory_cache_mib)))
         return
-    start_ray(load_params(args.params).ray)
-    paths = [ensure_dataset(args.data_dir, size) for size in args.sizes]
+    params = load_params(args.params)
+    start_ray(params.ray)
+    settings = dataclasses.replace(params.collect, episodes_per_task=args.episodes_per_task)
+    collected = [ensure_dataset(args.data_dir, size, settings) for size in args.sizes]
     import ray
 
     ray.shutdown()  # each measurement starts its own Ray, in its own process
+    paths = [path for path, _ in collected]
+    print_collection(collected)
     rows = ["| transitions | files | on disk (MiB) | bytes/transition | start-up (s) | peak RSS (MiB) | "
             "peak PSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
     results = []

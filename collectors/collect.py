@@ -1,4 +1,4 @@
-"""`orl collect`: one dataset from a DatasetConfig, collected by Ray actors and written by Ray Data."""
+"""`orl collect`: one dataset from a DatasetConfig, collected by Ray actors and written by Ray Data as it goes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collectors.config import CollectConfig, DatasetConfig
 from collectors.envs import env_spaces
 from collectors.errors import refuse_to_overwrite
 from collectors.policies import build_policy, knows_logp
-from collectors.rollout import run_on_actors
+from collectors.rollout import episodes_dataset, progress_lines
 
 
 def code_version() -> str:
@@ -40,10 +40,8 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: st
     observation_space, action_space = env_spaces(spec.env)
     build_policy(spec.policy, spec.env, action_space)  # a bad model path or URI fails here, before the actors
     with_logp = knows_logp(spec.policy, action_space)
-    n = settings.episodes_per_file
-    shards = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
-    tables, returns, lengths = run_on_actors(spec.env, spec.policy, spec.seed, shards, settings.num_collectors,
-                                             settings.envs_per_collector, label=f"collect {name}")
+    n = settings.episodes_per_task
+    tasks = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
     card = dataset.DatasetCard(
         name=name,
         env_id=spec.env,
@@ -52,15 +50,18 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: st
         behavior_policy=dataclasses.asdict(spec.policy),
         seed=spec.seed,
         episodes=spec.episodes,
-        transitions=int(lengths.sum()),
-        returns=dataset.summarize(returns),
-        episode_length=dataset.summarize(lengths),
+        transitions=0,  # this and the next three: dataset.write fills in what the files hold
+        returns={},
+        episode_length={},
+        files=[],
         columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
-        files=[],  # dataset.write lists the files it wrote
         code_version=code_version(),
         library_versions={lib: metadata.version(lib) for lib in ("gymnasium", "pyarrow", "ray")},
     )
-    card = dataset.write(tables, out_dir, card)
+    with progress_lines(f"collect {name}", spec.episodes) as progress:
+        transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
+                                       settings.envs_per_collector, progress)
+        card = dataset.write(transitions, out_dir, card, file_bytes=int(settings.file_mib * 2**20))
     print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out_dir}; "
           f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
     return card

@@ -62,14 +62,21 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class CollectConfig:
-    """How collection is spread over Ray actors and files; only `episodes_per_file` changes the bytes."""
+    """How collection is spread over Ray actors and files. The rows are the same whatever these are, and so
+    are the bytes of a dataset that fits in one file; files are cut between tasks, so `episodes_per_task` and
+    `file_mib` set where a larger dataset's files split."""
 
     num_collectors: int = 2
     """Ray actors stepping environments in parallel (1 CPU each)."""
     envs_per_collector: int = 4
     """Environments per actor, stepped in lockstep so the policy acts on a batch of observations."""
-    episodes_per_file: int = 100
-    """Episodes per Parquet file; also the unit of work handed to an actor."""
+    episodes_per_task: int = 100
+    """Episodes in one unit of work handed to an actor. Memory holds a few tasks per collector, and each task
+    costs Ray Data some scheduling: raise it for large collections of short episodes (2,000 random CartPole
+    episodes per task collect 10M steps at 88k steps/s on 2 cores, 100 at about 50k)."""
+    file_mib: float = 128.0
+    """Size of a Parquet file, in MiB of rows in memory: tasks' rows are combined, in order, until they reach
+    it, then the file is written while collection goes on. zstd stores CartPole's rows in ~80% of that."""
 
     def __post_init__(self):
-        require_positive(self, "num_collectors", "envs_per_collector", "episodes_per_file")
+        require_positive(self, "num_collectors", "envs_per_collector", "episodes_per_task", "file_mib")

@@ -33,6 +33,9 @@ from collectors.errors import UserError, refuse_to_overwrite
 SCHEMA_VERSION = 1
 CARD_FILE = "_card.json"
 FILE_PREFIX = "episodes"
+# Row groups of a fixed row count (about 8 MiB of CartPole rows), not one per collector task: readers get
+# groups worth reading, and a file's bytes do not depend on how the work was split.
+ROW_GROUP_ROWS = 2**17
 
 
 class Col:
@@ -353,14 +356,13 @@ def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
 # ---------------------------------------------------------------- writing
 
 
-def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCard:
-    """Writes Arrow tables (or ObjectRefs to them), one file each and in order, then the card.
+def write(transitions, path: str | os.PathLike, card: DatasetCard, file_bytes: int) -> DatasetCard:
+    """Writes a Ray Dataset of transitions, in order, to Parquet files of about `file_bytes` of rows in memory
+    each; then the card, completed with what the files hold (files, transitions, returns, episode lengths).
 
     The files go to a hidden staging directory beside `path`, are validated, and the directory is renamed
     into place, so `path` only ever holds a complete dataset. `path` must not exist.
     """
-    import ray
-    from ray.data import DataContext
     from ray.data.datasource import FilenameProvider, SaveMode
 
     path = Path(path)
@@ -375,14 +377,18 @@ def write(tables: list, path: str | os.PathLike, card: DatasetCard) -> DatasetCa
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
             return f"{FILE_PREFIX}-{task_index:05d}"
 
-    DataContext.get_current().execution_options.preserve_order = True  # task i writes table i
-    refs = [t if isinstance(t, ray.ObjectRef) else ray.put(t) for t in tables]
     # OVERWRITE only because APPEND insists on UUIDs in names; the staging directory is new anyway.
-    ray.data.from_arrow_refs(refs).write_parquet(
-        str(staging), filename_provider=DeterministicNames(), mode=SaveMode.OVERWRITE, compression="zstd"
-    )
+    # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
+    transitions.write_parquet(str(staging), filename_provider=DeterministicNames(), mode=SaveMode.OVERWRITE,
+                              compression="zstd", row_group_size=ROW_GROUP_ROWS, min_bytes_per_file=file_bytes,
+                              ray_remote_args={"num_cpus": 0})
     files = sorted(staging.glob("*.parquet"))
-    card = dataclasses.replace(card, files=[{"path": f.name, "rows": pq.read_metadata(f).num_rows} for f in files])
+    # Per file, then joined: files are cut between episodes, and only per-episode numbers are kept.
+    returns, lengths = map(np.concatenate, zip(*(episode_stats(pq.read_table(f, columns=[Col.EPS_ID, Col.REWARDS]))
+                                                 for f in files)))
+    card = dataclasses.replace(card, files=[{"path": f.name, "rows": pq.read_metadata(f).num_rows} for f in files],
+                               transitions=int(lengths.sum()), returns=summarize(returns),
+                               episode_length=summarize(lengths))
     (staging / CARD_FILE).write_text(card.to_json())
     validate(staging)
     os.rename(staging, path)

@@ -1,4 +1,4 @@
-"""Stepping environments under a policy: the loop, and the Ray actor that runs it.
+"""Stepping environments under a policy: the loop, and the Ray Data map that runs it on collector actors.
 
 Episode `i` of a run with seed `s` resets its environment and seeds its policy randomness from
 `SeedSequence([s, i])`, so every episode is reproducible on its own, whichever actor runs it.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -42,64 +44,88 @@ class _Episode:
         return cols
 
 
-def run_episodes(env_id: str, policy_config: PolicyConfig, seed: int, eps_ids: list[int], num_envs: int) -> pa.Table:
-    """Runs the given episodes to their end on `num_envs` environments stepped in lockstep.
+# Tests only: when set to a file path that does not exist yet, the first collector to finish a task creates
+# the file and dies before returning, as a crashed machine would.
+CRASH_ONCE_ENV = "ORL_TEST_CRASH_COLLECTOR_ONCE"
+TASK_EPISODES = "eps_ids"  # the one column of the task list that `episodes_dataset` maps over
 
-    Returns one Arrow table in the dataset schema, rows ordered by (eps_id, t).
+
+class EpisodeRunner:
+    """Runs episodes under one behaviour policy on `num_envs` environments stepped in lockstep.
+
+    Ray Data keeps one per collector actor and calls it with each task, so the environments and the policy
+    (a model, for neural ones) are built once per actor, not once per task.
     """
-    envs = [make_env(env_id) for _ in range(min(num_envs, len(eps_ids)))]
-    action_space = envs[0].action_space
-    with_logp = knows_logp(policy_config, action_space)
-    schema = arrow_schema(envs[0].observation_space, action_space, with_logp)
-    policy = build_policy(policy_config, env_id, action_space)
-    mix = policy_config.random_episodes
-    random_policy = RandomPolicy(action_space)
-    pending = iter(eps_ids)
-    slots: list[tuple[_Episode, np.random.Generator, np.ndarray] | None] = [None] * len(envs)
-    by_random = [False] * len(envs)
-    finished: list[_Episode] = []
 
-    def start(slot: int) -> None:
-        eps_id = next(pending, None)
-        if eps_id is None:
-            slots[slot] = None
-            return
-        env_seed, rng = episode_seeds(seed, eps_id)
-        obs, _ = envs[slot].reset(seed=env_seed)
-        # Drawn only for mixed data, so other datasets' random streams (and bytes) stay as they were.
-        by_random[slot] = mix > 0 and rng.random() < mix
-        slots[slot] = (_Episode(eps_id), rng, obs)
+    def __init__(self, env_id: str, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None):
+        self.envs = [make_env(env_id) for _ in range(num_envs)]
+        action_space = self.envs[0].action_space
+        self.with_logp = knows_logp(policy_config, action_space)
+        self.schema = arrow_schema(self.envs[0].observation_space, action_space, self.with_logp)
+        self.policy = build_policy(policy_config, env_id, action_space)
+        self.random_policy = RandomPolicy(action_space)
+        self.random_episodes = policy_config.random_episodes
+        self.seed = seed
+        self.progress = progress  # a Progress actor, told of each finished task
 
-    for slot in range(len(envs)):
-        start(slot)
-    while any(slots):
-        active = [i for i, s in enumerate(slots) if s is not None]
-        obs = np.stack([slots[i][2] for i in active])
-        actions, logp = _act(policy, random_policy, [by_random[i] for i in active], obs,
-                             [slots[i][1] for i in active], [envs[i] for i in active], with_logp)
-        for row, i in enumerate(active):
-            episode, rng, _ = slots[i]
-            new_obs, reward, terminated, truncated, _ = envs[i].step(actions[row])
-            steps = episode.steps
-            steps[Col.OBS].append(obs[row])
-            steps[Col.ACTIONS].append(actions[row])
-            steps[Col.REWARDS].append(reward)
-            steps[Col.NEW_OBS].append(new_obs)
-            steps[Col.TERMINATEDS].append(terminated)
-            steps[Col.TRUNCATEDS].append(truncated)
-            if logp is not None:
-                steps[Col.ACTION_LOGP].append(logp[row])
-            if terminated or truncated:
-                finished.append(episode)
-                start(i)
-            else:
-                slots[i] = (episode, rng, new_obs)
-    for env in envs:
-        env.close()
-    finished.sort(key=lambda e: e.eps_id)
-    per_episode = [e.columns() for e in finished]
-    columns = {f.name: np.concatenate([cols[f.name] for cols in per_episode]) for f in schema}
-    return transitions_table(columns, schema)
+    def __call__(self, task: pa.Table) -> pa.Table:
+        table = self.run(task[TASK_EPISODES][0].as_py())
+        crash_marker = os.environ.get(CRASH_ONCE_ENV)
+        if crash_marker and not os.path.exists(crash_marker):
+            open(crash_marker, "w").close()
+            os._exit(1)
+        if self.progress is not None:
+            _, lengths = episode_stats(table)
+            self.progress.add.remote(len(lengths), int(lengths.sum()))
+        return table
+
+    def run(self, eps_ids: list[int]) -> pa.Table:
+        """Runs the given episodes to their end; returns one table in the dataset schema, ordered by (eps_id, t)."""
+        envs = self.envs[:len(eps_ids)]
+        pending = iter(eps_ids)
+        slots: list[tuple[_Episode, np.random.Generator, np.ndarray] | None] = [None] * len(envs)
+        by_random = [False] * len(envs)
+        finished: list[_Episode] = []
+
+        def start(slot: int) -> None:
+            eps_id = next(pending, None)
+            if eps_id is None:
+                slots[slot] = None
+                return
+            env_seed, rng = episode_seeds(self.seed, eps_id)
+            obs, _ = envs[slot].reset(seed=env_seed)
+            # Drawn only for mixed data, so other datasets' random streams (and bytes) stay as they were.
+            by_random[slot] = self.random_episodes > 0 and rng.random() < self.random_episodes
+            slots[slot] = (_Episode(eps_id), rng, obs)
+
+        for slot in range(len(envs)):
+            start(slot)
+        while any(slots):
+            active = [i for i, s in enumerate(slots) if s is not None]
+            obs = np.stack([slots[i][2] for i in active])
+            actions, logp = _act(self.policy, self.random_policy, [by_random[i] for i in active], obs,
+                                 [slots[i][1] for i in active], [envs[i] for i in active], self.with_logp)
+            for row, i in enumerate(active):
+                episode, rng, _ = slots[i]
+                new_obs, reward, terminated, truncated, _ = envs[i].step(actions[row])
+                steps = episode.steps
+                steps[Col.OBS].append(obs[row])
+                steps[Col.ACTIONS].append(actions[row])
+                steps[Col.REWARDS].append(reward)
+                steps[Col.NEW_OBS].append(new_obs)
+                steps[Col.TERMINATEDS].append(terminated)
+                steps[Col.TRUNCATEDS].append(truncated)
+                if logp is not None:
+                    steps[Col.ACTION_LOGP].append(logp[row])
+                if terminated or truncated:
+                    finished.append(episode)
+                    start(i)
+                else:
+                    slots[i] = (episode, rng, new_obs)
+        finished.sort(key=lambda e: e.eps_id)
+        per_episode = [e.columns() for e in finished]
+        columns = {f.name: np.concatenate([cols[f.name] for cols in per_episode]) for f in self.schema}
+        return transitions_table(columns, self.schema)
 
 
 def _act(policy, random_policy, by_random: list[bool], obs, rngs, envs, with_logp: bool):
@@ -121,63 +147,74 @@ def _act(policy, random_policy, by_random: list[bool], obs, rngs, envs, with_log
     return np.array(actions), (logp if with_logp else None)
 
 
-# Tests only: when set to a file path that does not exist yet, the first collector to finish a shard creates
-# the file and dies before returning, as a crashed machine would.
-CRASH_ONCE_ENV = "ORL_TEST_CRASH_COLLECTOR_ONCE"
+@ray.remote(num_cpus=0)
+class Progress:
+    """Counts the episodes and steps that collectors have finished, for the driver's progress line."""
+
+    def __init__(self):
+        self.episodes, self.steps = 0, 0
+
+    def add(self, episodes: int, steps: int) -> None:
+        self.episodes, self.steps = self.episodes + episodes, self.steps + steps
+
+    def totals(self) -> tuple[int, int]:
+        return self.episodes, self.steps
 
 
-# A collector that dies is restarted and its unfinished shard re-run; episodes are seeded by index, so the
-# redone shard is identical.
-@ray.remote(num_cpus=1, max_restarts=3, max_task_retries=3)
-class Collector:
-    """One Ray actor stepping `num_envs` copies of an environment under one behaviour policy."""
-
-    def __init__(self, env_id: str, policy_config: PolicyConfig, seed: int, num_envs: int):
-        self.args = (env_id, policy_config, seed)
-        self.num_envs = num_envs
-
-    @ray.method(num_returns=2)
-    def run(self, eps_ids: list[int]) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
-        """The episodes' transitions as one table, and their (returns, lengths): small, for the driver."""
-        table = run_episodes(*self.args, eps_ids, self.num_envs)
-        crash_marker = os.environ.get(CRASH_ONCE_ENV)
-        if crash_marker and not os.path.exists(crash_marker):
-            open(crash_marker, "w").close()
-            os._exit(1)
-        return table, episode_stats(table)
+def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
+                     num_collectors: int, num_envs: int, progress) -> ray.data.Dataset:
+    """A lazy Ray Dataset of the transitions of every task's episodes, in task order, run by a pool of
+    `num_collectors` actors (1 CPU each). A collector that dies is restarted and its task re-run; episodes are
+    seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all."""
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    env_vars = worker_env_vars(policy_config)
+    # 8 tasks queued per actor (Ray Data's default is 2) keep actors busy while the driver, sharing the cores
+    # with them, is slow to hand out the next task: 59k against 45k steps/s on 2M random CartPole steps.
+    collectors = ray.data.ActorPoolStrategy(size=min(num_collectors, len(tasks)), max_tasks_in_flight_per_actor=8)
+    return ray.data.from_items([{TASK_EPISODES: task} for task in tasks], override_num_blocks=len(tasks)).map_batches(
+        EpisodeRunner, fn_constructor_args=(env_id, policy_config, seed, num_envs, progress), batch_size=1,
+        batch_format="pyarrow", compute=collectors, num_cpus=1,
+        **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
 
 
-def run_on_actors(env_id: str, policy_config: PolicyConfig, seed: int, shards: list[list[int]],
-                  num_actors: int, num_envs: int, label: str):
-    """Runs each shard of episode ids on a pool of Collector actors, showing progress on stderr.
+@contextmanager
+def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
+    """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change."""
+    progress = Progress.remote()
+    started, done = time.monotonic(), threading.Event()
 
-    Returns (table refs in shard order, per-episode returns and lengths in eps_id order).
-    """
-    options = {"runtime_env": {"env_vars": env_vars}} if (env_vars := worker_env_vars(policy_config)) else {}
-    actors = [Collector.options(**options).remote(env_id, policy_config, seed, num_envs)
-              for _ in range(min(num_actors, len(shards)))]
-    calls = [actors[i % len(actors)].run.remote(shard) for i, shard in enumerate(shards)]
-    table_refs = [table for table, _ in calls]
-    stats_refs = [stats for _, stats in calls]
-    started, episodes, steps, total = time.monotonic(), 0, 0, sum(len(s) for s in shards)
-    remaining = list(stats_refs)
-    while remaining:
-        ready, remaining = ray.wait(remaining, num_returns=1)
-        _, lengths = ray.get(ready[0])
-        episodes, steps = episodes + len(lengths), steps + int(lengths.sum())
-        elapsed = time.monotonic() - started
-        print(f"[{label}] {episodes}/{total} episodes, {steps} steps, {elapsed:.1f}s ({steps / elapsed:,.0f} steps/s)",
-              file=sys.stderr, flush=True)
-    stats = ray.get(stats_refs)
-    for actor in actors:
-        ray.kill(actor)
-    return table_refs, np.concatenate([r for r, _ in stats]), np.concatenate([n for _, n in stats])
+    def report(last: tuple[int, int] | None) -> tuple[int, int]:
+        totals = ray.get(progress.totals.remote())
+        if totals != last:
+            episodes_done, steps = totals
+            elapsed = time.monotonic() - started
+            print(f"[{label}] {episodes_done}/{total_episodes} episodes, {steps} steps, {elapsed:.1f}s "
+                  f"({steps / elapsed:,.0f} steps/s)", file=sys.stderr, flush=True)
+        return totals
+
+    def loop() -> None:
+        last = (0, 0)
+        while not done.wait(every_s):
+            last = report(last)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield progress
+    finally:
+        done.set()
+        thread.join()
+    report(None)
+    ray.kill(progress)
 
 
 def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
                     label: str) -> np.ndarray:
     """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation)."""
     per_worker = -(-episodes // num_workers)
-    shards = [list(range(s, min(s + per_worker, episodes))) for s in range(0, episodes, per_worker)]
-    _, returns, _ = run_on_actors(env_id, policy_config, seed, shards, num_workers, num_envs=per_worker, label=label)
+    tasks = [list(range(s, min(s + per_worker, episodes))) for s in range(0, episodes, per_worker)]
+    with progress_lines(label, episodes) as progress:
+        stats = episodes_dataset(env_id, policy_config, seed, tasks, num_workers, per_worker, progress).select_columns(
+            [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
+        returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
     return returns

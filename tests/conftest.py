@@ -18,7 +18,8 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_file=5)
+# One file per task (5 episodes), so tests see datasets of several files.
+TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.001)
 
 
 @pytest.fixture(scope="session")

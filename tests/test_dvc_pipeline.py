@@ -41,7 +41,7 @@ def repo(tmp_path_factory) -> Path:
     params["policy_datasets"] = {"cartpole-learned": {
         "env": "CartPole-v1", "episodes": 10, "seed": 5,
         "policy": {"kind": "model", "model": "runs/dqn-cartpole-expert/checkpoint"}}}
-    params["collect"]["episodes_per_file"] = 10
+    params["collect"]["episodes_per_task"] = 10
     params["train"]["datasets"] = ["cartpole-expert"]
     params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
     params["algos"]["dqn"]["iterations"] = 5

@@ -28,7 +28,7 @@ def write_params(workdir, datasets: dict, collect: dict):
 def test_a_dead_collector_is_replaced_and_the_dataset_is_identical(expert_dataset, tmp_path):
     # The same spec and layout as the expert_dataset fixture.
     write_params(tmp_path, {"cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3}},
-                 {"num_collectors": 2, "envs_per_collector": 2, "episodes_per_file": 5})
+                 {"num_collectors": 2, "envs_per_collector": 2, "episodes_per_task": 5, "file_mib": 0.001})
     marker = tmp_path / "collector-crashed"
     result = orl("collect", "cartpole-expert", "--out", "ds", cwd=tmp_path, env={CRASH_ONCE_ENV: str(marker)})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,7 +38,7 @@ def test_a_dead_collector_is_replaced_and_the_dataset_is_identical(expert_datase
 
 def test_kill_9_leaves_no_partial_dataset_and_a_rerun_is_identical(tmp_path):
     write_params(tmp_path, {"big": {"env": "CartPole-v1", "episodes": 3000, "seed": 8, "policy": {"kind": "random"}}},
-                 {"num_collectors": 2, "envs_per_collector": 4, "episodes_per_file": 300})
+                 {"num_collectors": 2, "envs_per_collector": 4, "episodes_per_task": 300})
     clean = orl("collect", "big", "--out", "clean", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr[-3000:]
     command = [sys.executable, "-m", "pipelines.cli", "collect", "big", "--out", "killed"]

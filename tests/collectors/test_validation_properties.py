@@ -24,7 +24,7 @@ from collectors.errors import UserError
 def small_dataset(ray_local, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("props") / "cartpole-random"
     spec = DatasetConfig(env="CartPole-v1", episodes=6, seed=5, policy=PolicyConfig(kind="random"))
-    collect("cartpole-random", spec, CollectConfig(num_collectors=1, episodes_per_file=3), path)
+    collect("cartpole-random", spec, CollectConfig(num_collectors=1, episodes_per_task=3, file_mib=0.001), path)
     return path
 
 

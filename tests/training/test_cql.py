@@ -24,7 +24,7 @@ BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_lay
 def pendulum_dataset(ray_local, tmp_path_factory):
     path = tmp_path_factory.mktemp("cql") / "pendulum-medium"
     spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="mixture", epsilon=0.5))
-    collect("pendulum-medium", spec, CollectConfig(episodes_per_file=4), path)
+    collect("pendulum-medium", spec, CollectConfig(episodes_per_task=4), path)
     return path
 
 

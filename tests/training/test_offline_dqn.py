@@ -14,7 +14,7 @@ from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col, episode_stats
 from collectors.policies import load_rl_module
-from collectors.rollout import run_episodes
+from collectors.rollout import EpisodeRunner
 from training.algorithms import rllib_config
 from training.config import DQNParams
 
@@ -27,7 +27,7 @@ def medium_dataset(ray_local, tmp_path_factory):
     """The expert with probability 0.5, else a random action: both actions are covered."""
     path = tmp_path_factory.mktemp("dqn") / "cartpole-medium"
     spec = DatasetConfig(env="CartPole-v1", episodes=100, seed=2, policy=PolicyConfig(kind="mixture", epsilon=0.5))
-    collect("cartpole-medium", spec, CollectConfig(episodes_per_file=50), path)
+    collect("cartpole-medium", spec, CollectConfig(episodes_per_task=50), path)
     return path
 
 
@@ -46,8 +46,9 @@ def train_and_save(dataset_dir, params: DQNParams, checkpoint):
 
 
 def greedy_returns(checkpoint, episodes=10):
-    table = run_episodes("CartPole-v1", PolicyConfig(kind="model", model=str(checkpoint), greedy=True),
-                         seed=1_000_000, eps_ids=list(range(episodes)), num_envs=episodes)
+    runner = EpisodeRunner("CartPole-v1", PolicyConfig(kind="model", model=str(checkpoint), greedy=True),
+                           seed=1_000_000, num_envs=episodes)
+    table = runner.run(list(range(episodes)))
     return episode_stats(table)[0]
 
 

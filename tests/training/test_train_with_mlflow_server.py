@@ -87,7 +87,7 @@ def test_a_trained_policy_generates_the_next_dataset(trained_run, ray_local, tmp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     model = str(run_dir / "checkpoint") if source == "checkpoint" else f"models:/CartPole-v1-bc@{NEWEST_ALIAS}"
     spec = DatasetConfig(env="CartPole-v1", episodes=4, seed=9, policy=PolicyConfig(kind="model", model=model))
-    card = collect("from-model", spec, CollectConfig(episodes_per_file=2), tmp_path / "ds")
+    card = collect("from-model", spec, CollectConfig(episodes_per_task=2), tmp_path / "ds")
     assert card.episodes == 4 and card.behavior_policy["model"] == model
     logp = dataset.load_arrays(tmp_path / "ds")["action_logp"]
     if source == "checkpoint":  # sampled from the policy's distribution: real log-probabilities
@@ -104,7 +104,7 @@ def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
     pendulum = tmp_path_factory.mktemp("pendulum") / "pendulum-medium"
     collect("pendulum-medium", DatasetConfig(env="Pendulum-v1", episodes=4, seed=3,
                                              policy=PolicyConfig(kind="mixture", epsilon=0.3)),
-            CollectConfig(episodes_per_file=2), pendulum)
+            CollectConfig(episodes_per_task=2), pendulum)
     params = yaml.safe_load((work / "params.yaml").read_text())
     for algo in ("dqn", "cql_dqn", "cql"):
         params["algos"][algo].update(TINY_TRAINING)
