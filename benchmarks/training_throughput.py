@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import sys
 import time
@@ -106,8 +107,10 @@ def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: 
         started = time.perf_counter()
         for _ in range(iterations):
             algorithm.train()
-        rate = iterations * params.updates_per_iteration * params.batch_size / (time.perf_counter() - started)
-        learner_rate = learner_alone(algorithm, params, iterations * params.updates_per_iteration)
+        samples = iterations * params.updates_per_iteration * params.batch_size * max(1, params.num_learners)
+        rate = samples / (time.perf_counter() - started)
+        learner_rate = (learner_alone(algorithm, params, iterations * params.updates_per_iteration)
+                        if params.num_learners == 0 else float("nan"))
     finally:
         algorithm.stop()
         del algorithm
@@ -144,21 +147,26 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, default=ROOT / "datasets" / "cartpole-medium")
     parser.add_argument("--algos", nargs="+", default=["bc", "marwil", "dqn"])
     parser.add_argument("--iterations", type=int, default=10, help="steady-state iterations timed for RLlib")
+    parser.add_argument("--learners", type=int, nargs="+",
+                        help="num_learners values to compare (default: params.yaml's); samples/s counts every "
+                             "learner's batch, the learner-alone column is for 0 only")
     args = parser.parse_args()
 
     params = load_params(args.params)
     start_ray(params.ray)
     torch.manual_seed(0)
     arrays = dataset.load_arrays(args.dataset)
-    rows = ["| learner | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
-            "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|"]
+    rows = ["| learner | num_learners | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
+            "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = params.algos.get(algo)
-        startup, rllib_rate, learner_rate = rllib_loop(algo, algo_params, args.dataset, args.iterations)
         plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration)
-        rows.append(f"| {algo} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | {plain_rate:,.0f} | "
-                    f"{rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
-        print(rows[-1], file=sys.stderr, flush=True)
+        for learners in args.learners or [algo_params.num_learners]:
+            run_params = dataclasses.replace(algo_params, num_learners=learners)
+            startup, rllib_rate, learner_rate = rllib_loop(algo, run_params, args.dataset, args.iterations)
+            rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
+                        f"{plain_rate:,.0f} | {rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
+            print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
 
 

@@ -29,7 +29,7 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
         )
-        .learners(num_learners=0)
+        .learners(num_learners=params.num_learners)
         .training(train_batch_size_per_learner=params.batch_size)
         # MARWIL's value function keeps its own layers, as in RLlib's MARWIL defaults: its targets are returns
         # on the reward's scale, whose loss would swamp the policy's through a shared encoder.

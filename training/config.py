@@ -48,12 +48,17 @@ class LearnerParams:
     map_tasks: int = 1
     """For datasets that stream: Ray Data tasks mapping rows to train batches at once, 1 CPU each. One leaves
     a CPU for reading on a 2-CPU machine; raise it on a cluster."""
+    num_learners: int = 0
+    """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
+    (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
+    cluster, where each learner has its own node or GPU. Their data goes through Ray's object store."""
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
                          "stream_read_ahead_mib", "map_tasks")
-        if self.memory_cache_mib < 0:
-            raise ValueError(f"memory_cache_mib must be >= 0, got {self.memory_cache_mib}")
+        for name in ("memory_cache_mib", "num_learners"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.hidden_layers or min(self.hidden_layers) <= 0:
             raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
         if self.activation not in ACTIVATIONS:

@@ -40,6 +40,8 @@ def test_the_default_params_parse():
     (lambda p: p["policy_datasets"]["cartpole-learned"]["policy"].update(kind="expert"),
      r"policy_datasets.cartpole-learned.policy must be kind 'model' with a checkpoint directory"),
     (lambda p: p["algos"]["marwil"].update(advantage_norm_rate=0), r"advantage_norm_rate must be in \(0, 1\]"),
+    (lambda p: p["algos"]["bc"].update(num_learners=-1), r"algos.bc: num_learners must be >= 0, got -1"),
+    (lambda p: p["collect"].update(file_mib=0), r"collect: file_mib must be > 0, got 0"),
 ])
 def test_bad_params_name_the_key(tmp_path, mutate, message):
     with pytest.raises(UserError, match=message) as err:

@@ -156,3 +156,28 @@ def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
             row.numpy().tobytes() for row in seen} <= everything  # each row at most once per pass
     assert not torch.equal(passes[0], passes[1])
     assert len(list(data.iter_torch_batches(batch_size=10 * data.rows))) == 1  # smaller than a batch: read whole
+
+
+def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
+    """num_learners=2: the dataset is held in the object store and split between two learner actors, whose
+    averaged gradients keep their weights equal."""
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "num_learners": 2, "updates_per_iteration": 3, "batch_size": 64})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    algorithm = config.build_algo()
+
+    def weights():
+        return [call.get() for call in algorithm.learner_group.foreach_learner(
+            lambda learner: learner.module.get_state())]
+
+    try:
+        before = weights()
+        results = [algorithm.train() for _ in range(2)]
+        after = weights()
+    finally:
+        algorithm.stop()
+    assert np.isfinite(results[-1]["learners"]["default_policy"]["policy_loss"])
+    for key, first in after[0]["default_policy"].items():
+        np.testing.assert_array_equal(first, after[1]["default_policy"][key], err_msg=key)
+    assert any(not np.array_equal(before[0]["default_policy"][key], value)
+               for key, value in after[0]["default_policy"].items())
