@@ -160,10 +160,11 @@ def main() -> None:
             "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = params.algos.get(algo)
+        counts = args.learners or [algo_params.num_learners]
+        measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset,
+                               args.iterations) for learners in counts]
         plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration)
-        for learners in args.learners or [algo_params.num_learners]:
-            run_params = dataclasses.replace(algo_params, num_learners=learners)
-            startup, rllib_rate, learner_rate = rllib_loop(algo, run_params, args.dataset, args.iterations)
+        for learners, (startup, rllib_rate, learner_rate) in zip(counts, measured):
             rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
                         f"{plain_rate:,.0f} | {rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
             print(rows[-1], file=sys.stderr, flush=True)

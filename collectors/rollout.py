@@ -201,11 +201,11 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
     thread.start()
     try:
         yield progress
+        report(None)  # the final totals
     finally:
         done.set()
         thread.join()
-    report(None)
-    ray.kill(progress)
+        ray.kill(progress)
 
 
 def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
