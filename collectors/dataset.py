@@ -265,16 +265,18 @@ def _validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.
         )
 
     def tables():
-        rows, episodes, last_eps_id = 0, 0, -1
+        rows, episodes, chain = 0, 0, _Chain()
         for entry in card.files:
             file = path / entry["path"]
-            table = _read_checked(file, card.schema())
-            if table.num_rows != entry["rows"]:
-                raise UserError(f"{file} has {table.num_rows} rows but {CARD_FILE} says {entry['rows']}; "
-                                "re-collect the dataset")
-            file_episodes, last_eps_id = _check_values(file, table, card.spaces, last_eps_id)
-            rows, episodes = rows + table.num_rows, episodes + file_episodes
-            yield table
+            file_rows = 0
+            for table in _row_groups_checked(file, card.schema(), entry["rows"]):
+                group_episodes, chain = _check_values(file, table, card.spaces, chain, file_rows)
+                file_rows, episodes = file_rows + table.num_rows, episodes + group_episodes
+                yield table
+            if not chain.ended:
+                raise UserError(f"{file}: column '{Col.TERMINATEDS}' at row {file_rows - 1} ends its episode "
+                                "without terminateds or truncateds; re-collect the dataset")
+            rows += file_rows
         if (rows, episodes) != (card.transitions, card.episodes):
             raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
                             f"{card.transitions} in {card.episodes}; re-collect the dataset")
@@ -282,20 +284,41 @@ def _validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.
     return card, tables()
 
 
-def _read_checked(file: Path, expected: pa.Schema) -> pa.Table:
+def _row_groups_checked(file: Path, expected: pa.Schema, rows: int):
+    """The file's row groups as tables, once its schema and row count are checked: memory holds one group
+    (131,072 rows as collected), not the file."""
     try:
         _check_schema(file, pq.read_schema(file), expected)
-        return pq.read_table(file)
+        parquet = pq.ParquetFile(file)
+        if parquet.metadata.num_rows != rows:
+            raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
+                            "re-collect the dataset")
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group)
     except (OSError, pa.ArrowException) as err:
         reason = str(err).splitlines()[0]
         raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
 
 
-def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Space], previous_eps_id: int):
-    """Value and episode-structure checks of one file; returns (episodes in it, its last eps_id)."""
-    def fail(column: str, row: int, problem: str):
-        raise UserError(f"{file}: column '{column}' at row {row} {problem}; re-collect the dataset")
+@dataclass
+class _Chain:
+    """The last row checked, which the next row continues unless it ended its episode."""
 
+    eps_id: int = -1
+    t: int = -1
+    ended: bool = True
+    new_obs: np.ndarray | None = None
+
+
+def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Space], chain: _Chain,
+                  first_row: int) -> tuple[int, _Chain]:
+    """Value and episode-structure checks of consecutive rows of a file (a row group) that follow `chain`;
+    `first_row` is the first one's row in the file. Returns (episodes started in them, their last row)."""
+    def fail(column: str, row: int, problem: str):
+        raise UserError(f"{file}: column '{column}' at row {first_row + row} {problem}; re-collect the dataset")
+
+    if table.num_rows == 0:
+        return 0, chain
     arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
     for name in (Col.OBS, Col.NEW_OBS, Col.REWARDS, Col.ACTION_LOGP):
         if name in arrays:
@@ -312,30 +335,31 @@ def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Spac
     if outside.any():
         fail(Col.ACTIONS, int(outside.argmax()), f"is outside the action space {action_space}")
 
-    eps_id, t = arrays[Col.EPS_ID], arrays[Col.T]
+    # Each row against the row before it (the chain's, for the first): a row starts an episode exactly when
+    # the row before ended one.
+    eps_id, t, obs, new_obs = arrays[Col.EPS_ID], arrays[Col.T], arrays[Col.OBS], arrays[Col.NEW_OBS]
     done = arrays[Col.TERMINATEDS] | arrays[Col.TRUNCATEDS]
-    starts = np.flatnonzero(np.r_[True, eps_id[1:] != eps_id[:-1]])
-    first_ids = eps_id[starts]
-    if first_ids[0] <= previous_eps_id or np.any(np.diff(first_ids) <= 0):
-        row = int(starts[np.argmax(np.diff(np.r_[previous_eps_id, first_ids]) <= 0)])
-        fail(Col.EPS_ID, row, "breaks the order: episodes must be whole and in ascending eps_id order")
-    lengths = np.diff(np.r_[starts, len(eps_id)])
-    expected_t = np.arange(len(t)) - np.repeat(starts, lengths)
+    starts = np.r_[chain.ended, done[:-1]]
+    previous_eps_id = np.r_[chain.eps_id, eps_id[:-1]]
+    early = starts & (eps_id == previous_eps_id)
+    early[0] &= first_row > 0  # at a file's first row the chain is the previous file's: an order problem
+    if early.any():
+        fail(Col.TERMINATEDS, int(early.argmax()) - 1, "ends its episode early")
+    unended = np.flatnonzero(~starts & (eps_id != previous_eps_id))
+    if len(unended):
+        fail(Col.TERMINATEDS, int(unended[0]) - 1, "ends its episode without terminateds or truncateds")
+    out_of_order = np.flatnonzero(starts & (eps_id <= previous_eps_id))
+    if len(out_of_order):
+        fail(Col.EPS_ID, int(out_of_order[0]), "breaks the order: episodes must be whole and in ascending eps_id order")
+    expected_t = np.where(starts, 0, np.r_[chain.t, t[:-1]] + 1)
     if np.any(t != expected_t):
         row = int(np.argmax(t != expected_t))
         fail(Col.T, row, f"is {t[row]} where episode {eps_id[row]} is at step {expected_t[row]}")
-    ends = starts + lengths - 1
-    is_end = np.zeros(len(done), dtype=bool)
-    is_end[ends] = True
-    if np.any(done != is_end):
-        row = int(np.argmax(done != is_end))
-        problem = "ends its episode early" if done[row] else "ends its episode without terminateds or truncateds"
-        fail(Col.TERMINATEDS, row, problem)
-    chained = ~is_end[:-1]
-    mismatch = np.flatnonzero(chained & np.any(arrays[Col.OBS][1:] != arrays[Col.NEW_OBS][:-1], axis=1))
+    previous_new_obs = np.concatenate([new_obs[:1] if chain.new_obs is None else chain.new_obs[None], new_obs[:-1]])
+    mismatch = np.flatnonzero(~starts & np.any(obs != previous_new_obs, axis=1))
     if len(mismatch):
-        fail(Col.OBS, int(mismatch[0]) + 1, "is not the previous step's new_obs")
-    return len(starts), int(eps_id[-1])
+        fail(Col.OBS, int(mismatch[0]), "is not the previous step's new_obs")
+    return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), new_obs[-1].copy())
 
 
 def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:

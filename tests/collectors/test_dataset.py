@@ -104,10 +104,10 @@ def test_validation_catches_spaces_of_another_env(expert_dataset):
         dataset.validate(expert_dataset, env_spaces("Acrobot-v1"))
 
 
-def rewrite_file(path, index, change):
+def rewrite_file(path, index, change, row_group_size=None):
     """Applies `change` (table -> table) to the index-th Parquet file of the dataset at `path`."""
     victim = sorted(path.glob("*.parquet"))[index]
-    pq.write_table(change(pq.read_table(victim)), victim)
+    pq.write_table(change(pq.read_table(victim)), victim, row_group_size=row_group_size)
     return victim
 
 
@@ -116,6 +116,16 @@ def replace_column(table, name, values):
 
     return table.set_column(table.schema.get_field_index(name), table.schema.field(name),
                             pa.array(values, type=table.schema.field(name).type))
+
+
+def nudge_obs(table, row):
+    import pyarrow as pa
+
+    obs = dataset.column_to_numpy(table[Col.OBS]).copy()
+    obs[row] += 1.0
+    field = table.schema.field(Col.OBS)
+    return table.set_column(table.schema.get_field_index(Col.OBS), field,
+                            pa.FixedSizeListArray.from_arrays(pa.array(obs.ravel()), obs.shape[1]))
 
 
 @pytest.mark.parametrize("change,message", [
@@ -131,10 +141,14 @@ def replace_column(table, name, values):
      "column 'terminateds' at row 4 ends its episode early"),
     (lambda t: t.take(np.r_[np.arange(500, 1000), np.arange(0, 500), np.arange(1000, t.num_rows)]),
      "column 'eps_id' at row 500 breaks the order"),
+    (lambda t: nudge_obs(t, 7), "column 'obs' at row 7 is not the previous step's new_obs"),
+    (lambda t: replace_column(t, Col.TRUNCATEDS, np.zeros(t.num_rows, dtype=bool)),
+     "column 'terminateds' at row 499 ends its episode without terminateds or truncateds"),
 ])
-def test_validation_names_the_bad_value(expert_dataset, tmp_path, change, message):
+@pytest.mark.parametrize("row_group_size", [None, 7])  # 7: every check also runs across row groups
+def test_validation_names_the_bad_value(expert_dataset, tmp_path, change, message, row_group_size):
     path = copy_dataset(expert_dataset, tmp_path / "ds")
-    victim = rewrite_file(path, 0, change)
+    victim = rewrite_file(path, 0, change, row_group_size)
     with pytest.raises(UserError, match=f"{victim.name}: {message}".replace("(", r"\(").replace(")", r"\)")):
         dataset.validate(path)
 
@@ -147,3 +161,11 @@ def test_validation_refuses_an_empty_dataset(expert_dataset, tmp_path):
     (path / CARD_FILE).write_text(json.dumps({**card, "files": [], "transitions": 0, "episodes": 0}))
     with pytest.raises(UserError, match="is empty"):
         dataset.validate(path)
+
+
+def test_validation_reads_row_groups_one_at_a_time_across_episodes(expert_dataset, tmp_path):
+    path = copy_dataset(expert_dataset, tmp_path / "ds")
+    for index in range(len(dataset.read_card(path).files)):
+        rewrite_file(path, index, lambda table: table, row_group_size=7)  # episodes span many groups
+    assert dataset.validate(path) == dataset.read_card(expert_dataset)
+    assert dataset.load_table(path).equals(dataset.load_table(expert_dataset))
