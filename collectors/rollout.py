@@ -168,9 +168,12 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
     seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all."""
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     env_vars = worker_env_vars(policy_config)
-    # 8 tasks queued per actor (Ray Data's default is 2) keep actors busy while the driver, sharing the cores
-    # with them, is slow to hand out the next task: 59k against 45k steps/s on 2M random CartPole steps.
-    collectors = ray.data.ActorPoolStrategy(size=min(num_collectors, len(tasks)), max_tasks_in_flight_per_actor=8)
+    # Up to 8 tasks queued per actor (Ray Data's default is 2) keep actors busy while the driver, sharing the
+    # cores with them, is slow to hand out the next task: 59k against 45k steps/s on 2M random CartPole steps.
+    # At most a quarter of an actor's share, though: the first actor to start would take a short task list.
+    pool_size = min(num_collectors, len(tasks))
+    queued = max(1, min(8, len(tasks) // (4 * pool_size)))
+    collectors = ray.data.ActorPoolStrategy(size=pool_size, max_tasks_in_flight_per_actor=queued)
     return ray.data.from_items([{TASK_EPISODES: task} for task in tasks], override_num_blocks=len(tasks)).map_batches(
         EpisodeRunner, fn_constructor_args=(env_id, policy_config, seed, num_envs, progress), batch_size=1,
         batch_format="pyarrow", compute=collectors, num_cpus=1,
