@@ -6,16 +6,53 @@ its setup asks them whether the module is stateful. `OfflineCQL` builds none, li
 Its tanh-squashed policy acts in [-1, 1]. Online, RLlib's env runners rescale those actions to the env's
 bounds; its offline pipeline does not, so `UnitActionsData` rescales the dataset's actions (kept in the
 env's bounds, where users expect them) to [-1, 1]. `collectors.policies.ModulePolicy` maps back.
+
+RLlib's SAC catalog gives Q(s, a) a multi-stream network: one MLP for the observation, one for the action,
+then a 2-layer tanh fusion net with skip connections, about ten times the multiply-adds of the network the
+CQL paper and d3rlpy use. CQL evaluates Q on 10 sampled actions per row, so that network made an update
+cost 0.34 s here against d3rlpy's 0.17. `ConcatQCatalog` builds the paper's Q: one MLP of `hidden_layers`
+over the observation and action concatenated.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
+from ray.rllib.algorithms.cql.torch.default_cql_torch_rl_module import DefaultCQLTorchRLModule
+from ray.rllib.algorithms.sac.sac_catalog import SACCatalog
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.models.base import ENCODER_OUT
+from ray.rllib.core.models.configs import MLPEncoderConfig
+from ray.rllib.core.models.torch.encoder import TorchMLPEncoder
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.lean_learner import LeanTorchLearner
 from training.offline_dqn import WithoutEnvRunners
 from training.train_batches import UnitActionsData
+
+
+class ConcatQEncoder(TorchMLPEncoder):
+    def _forward(self, inputs: dict, **kwargs) -> dict:
+        return {ENCODER_OUT: self.net(torch.cat([inputs[Columns.OBS], inputs[Columns.ACTIONS]], dim=-1))}
+
+
+@dataclasses.dataclass
+class ConcatQEncoderConfig(MLPEncoderConfig):
+    def build(self, framework: str = "torch") -> ConcatQEncoder:
+        return ConcatQEncoder(self)
+
+
+class ConcatQCatalog(SACCatalog):
+    def _build_qf_encoder_continuous(self, framework: str) -> ConcatQEncoder:
+        # The policy's observation encoder (layers, activation, initializers), widened to take the action too.
+        obs_encoder = self._encoder_config
+        self.qf_encoder_config = ConcatQEncoderConfig(
+            **{f.name: getattr(obs_encoder, f.name) for f in dataclasses.fields(obs_encoder)})
+        self.qf_encoder_config.input_dims = (self.observation_space.shape[0] + self.action_space.shape[0],)
+        return self.qf_encoder_config.build(framework)
 
 
 class OfflineCQLTorchLearner(LeanTorchLearner, CQLTorchLearner):
@@ -30,6 +67,9 @@ class OfflineCQLConfig(CQLConfig):
 
     def get_default_learner_class(self):
         return OfflineCQLTorchLearner
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=DefaultCQLTorchRLModule, catalog_class=ConcatQCatalog)
 
 
 class OfflineCQL(WithoutEnvRunners, CQL):

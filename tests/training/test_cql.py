@@ -7,6 +7,8 @@ import gc
 
 import numpy as np
 import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
 
 from collectors import dataset
 from collectors.collect import collect
@@ -33,6 +35,10 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
     algorithm = rllib_config("cql", CQLParams(**BUDGET), card.spaces, pendulum_dataset, seed=0).build_algo()
     try:
         assert algorithm.env_runner_group is None
+        module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+        q_layers = [m for m in (*module.qf_encoder.modules(), *module.qf.modules()) if isinstance(m, torch.nn.Linear)]
+        # Q(s, a) as in the CQL paper and d3rlpy: one MLP over Pendulum's 3 obs and 1 action, not RLlib's streams.
+        assert [(layer.in_features, layer.out_features) for layer in q_layers] == [(4, 32), (32, 32), (32, 1)]
         batch = algorithm.offline_data.sample(num_samples=128, num_shards=0)["default_policy"]
         data_actions = dataset.load_arrays(pendulum_dataset)[Col.ACTIONS]
         assert np.abs(data_actions).max() > 1.5  # Pendulum's torque bound is 2
