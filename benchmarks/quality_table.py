@@ -9,7 +9,8 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png.
+Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png; `--update` keeps the rows
+of datasets not measured in this run.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
 # Our algorithm whose hyper-parameters d3rlpy's counterpart takes.
 D3RLPY_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql_dqn"}
 D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql"}
+COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS), *D3RLPY_COUNTERPART]
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
@@ -121,12 +123,14 @@ def main() -> None:
     parser.add_argument("--no-d3rlpy", action="store_true")
     parser.add_argument("--algos", nargs="+", help="our algorithms to train (default: all for the action space)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--update", action="store_true",
+                        help="keep OUT/quality.json's other rows and replace only the datasets measured now")
     args = parser.parse_args()
 
     params = load_params(args.params)
     start_ray(params.ray)
     args.out.mkdir(parents=True, exist_ok=True)
-    results, columns = {}, ["behaviour"]
+    results = json.loads((args.out / "quality.json").read_text()) if args.update else {}
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     for name in args.datasets or list(params.all_datasets):
         dataset_dir = args.datasets_dir / name
@@ -144,7 +148,6 @@ def main() -> None:
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
         for column, ours in learners:
-            columns += [column] if column not in columns else []
             algo_params = params.algos.get(ours)
             for seed in args.seeds:
                 started = time.monotonic()
@@ -161,6 +164,7 @@ def main() -> None:
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
         # Written after every dataset, so a long run leaves its finished rows behind.
+        columns = [c for c in COLUMNS if any(c in entry["scores"] for entry in results.values())]
         table = markdown(results, columns)
         (args.out / "quality.md").write_text(table)
         (args.out / "quality.json").write_text(json.dumps(results, indent=2))
