@@ -17,6 +17,8 @@ DEFAULT_MODULE_ID = "default_policy"
 OBS, NEXT_OBS, ACTIONS, REWARDS = "obs", "new_obs", "actions", "rewards"
 TERMINATEDS, TRUNCATEDS, ACTION_LOGP = "terminateds", "truncateds", "action_logp"
 VALUE_TARGETS, LOSS_MASK = "value_targets", "loss_mask"
+# Ours: MARWIL's value target adds BOOTSTRAP_DISCOUNT * V(BOOTSTRAP_OBS), computed by the learner.
+BOOTSTRAP_OBS, BOOTSTRAP_DISCOUNT = "bootstrap_obs", "bootstrap_discount"
 
 # Dataset column -> train batch column, for the columns every learner reads.
 TRAIN_COLUMNS = {
@@ -76,15 +78,23 @@ def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     """Transitions plus MARWIL's value targets: the behaviour policy's discounted returns-to-go.
 
     A batch can cut the episode at its end; those rows lack their future rewards, so the loss mask leaves them
-    out. Episodes ended by the env's time limit are not bootstrapped: their returns stop there, as the
-    behaviour policy's did.
+    out. An episode the env's time limit cut goes on past it: each of its rows carries the last new_obs and
+    gamma^(steps to it), and the learner adds that discount times the value there. Stopped at the limit
+    instead, the returns of a random episode's last steps would be those of a goal's approach (Acrobot's -1 per
+    step), and MARWIL would copy the random actions there.
     """
     columns = transitions(rows)
     run_ends = episode_run_ends(column_to_numpy(rows[Col.EPS_ID]), column_to_numpy(rows[Col.T]))
     done = columns[TERMINATEDS] | columns[TRUNCATEDS]
     run_of_row = np.concatenate([[0], np.cumsum(run_ends[:-1])])
+    last_of_row = np.flatnonzero(run_ends)[run_of_row]
     columns[VALUE_TARGETS] = returns_to_go(columns[REWARDS], run_ends, gamma)
-    columns[LOSS_MASK] = done[run_ends][run_of_row]  # the run's last row ends the episode
+    columns[LOSS_MASK] = done[last_of_row]  # the run's last row ends the episode
+    cut_by_time_limit = columns[TRUNCATEDS][last_of_row] & ~columns[TERMINATEDS][last_of_row]
+    steps_to_limit = last_of_row - np.arange(len(last_of_row)) + 1
+    columns[BOOTSTRAP_OBS] = columns[NEXT_OBS][last_of_row]
+    columns[BOOTSTRAP_DISCOUNT] = np.where(cut_by_time_limit, gamma ** steps_to_limit.astype(np.float64),
+                                           0.0).astype(np.float32)
     return flat(columns)
 
 

@@ -2,22 +2,31 @@
 
 RLlib 2.60's offline MARWIL makes every row a one-step episode, so its value targets are r + gamma * V(s')
 with V frozen at initialisation (see training/train_batches.py). `ReturnsData` computes the Monte Carlo
-returns MARWIL is defined with, from `returns_read_rows` rows at a time. BC is RLlib's MARWIL with beta = 0
-and no value function; it reads plain transitions.
+returns MARWIL is defined with, from `returns_read_rows` rows at a time, bootstrapped with the current value
+function where the env's time limit cut an episode. BC is RLlib's MARWIL with beta = 0 and no value function;
+it reads plain transitions.
 """
 
 from __future__ import annotations
 
+import torch
 from ray.rllib.algorithms.bc import BCConfig
 from ray.rllib.algorithms.marwil import MARWILConfig
 from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLearner
+from ray.rllib.core.columns import Columns
 
+from training.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS
 from training.lean_learner import LeanTorchLearner
 from training.train_batches import ReturnsData, TransitionsData
 
 
 class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
-    pass
+    def compute_loss_for_module(self, *, module_id, config=None, batch, fwd_out):
+        if BOOTSTRAP_OBS in batch:  # MARWIL (BC has no value function): bootstrap at the env's time limit
+            with torch.no_grad():
+                values = self.module[module_id].unwrapped().compute_values({Columns.OBS: batch[BOOTSTRAP_OBS]})
+            batch = {**batch, VALUE_TARGETS: batch[VALUE_TARGETS] + batch[BOOTSTRAP_DISCOUNT] * values}
+        return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
 
 class OfflineMARWILConfig(MARWILConfig):

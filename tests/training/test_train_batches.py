@@ -78,6 +78,18 @@ def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
     np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
 
 
+def test_returns_of_an_episode_cut_by_the_time_limit_are_bootstrapped_from_its_last_new_obs():
+    rows = _two_episodes()
+    rows = rows.set_column(rows.schema.get_field_index(Col.TRUNCATEDS), Col.TRUNCATEDS,
+                           pa.array([False, False, False, False, True]))  # episode 8 reaches the time limit
+    out = with_returns(rows, gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
+    # The learner adds discount * V(bootstrap_obs): 0 for the terminated episode, gamma^(steps to the limit).
+    np.testing.assert_allclose(out["default_policy/bootstrap_discount"], [0, 0, 0.5 ** 3, 0.5 ** 2, 0.5])
+    np.testing.assert_array_equal(out["default_policy/bootstrap_obs"][2:], [[4, 4]] * 3)
+    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True] * 5)
+
+
 def test_n_step_transitions_stop_at_the_end_of_an_episode_or_batch():
     out = with_n_step(_two_episodes(), n=2, gamma=GAMMA)
     np.testing.assert_allclose(out["default_policy/rewards"], [1 + 0.5 * 2, 2, 4 + 0.5 * 8, 8 + 0.5 * 16, 16])
