@@ -9,8 +9,8 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png; `--update` keeps the rows
-of datasets not measured in this run.
+Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png; `--update` keeps the cells
+(dataset, learner) not measured in this run.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", help="our algorithms to train (default: all for the action space)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--update", action="store_true",
-                        help="keep OUT/quality.json's other rows and replace only the datasets measured now")
+                        help="keep what OUT/quality.json holds and replace only the cells measured now")
     args = parser.parse_args()
 
     params = load_params(args.params)
@@ -141,14 +141,16 @@ def main() -> None:
             measure_references([card.env_id], params.evaluate, args.references)
             reference = read_reference(args.references, card.env_id, params.evaluate)
         discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
+        kept = results.get(name, {}).get("scores", {})
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
-                                 "scores": {"behaviour": [normalized_score(card.returns["mean"], reference)]}}
+                                 "scores": {**kept, "behaviour": [normalized_score(card.returns["mean"], reference)]}}
         learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)
                     if not args.algos or a in args.algos]
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
         for column, ours in learners:
             algo_params = params.algos.get(ours)
+            entry["scores"][column] = []
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
@@ -160,7 +162,7 @@ def main() -> None:
                         returns = rollout_returns(card.env_id, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}")
                 score = normalized_score(float(np.mean(returns)), reference)
-                entry["scores"].setdefault(column, []).append(score)
+                entry["scores"][column].append(score)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
         # Written after every dataset, so a long run leaves its finished rows behind.
