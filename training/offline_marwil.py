@@ -13,9 +13,8 @@ import torch
 from ray.rllib.algorithms.bc import BCConfig
 from ray.rllib.algorithms.marwil import MARWILConfig
 from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLearner
-from ray.rllib.core.columns import Columns
 
-from training.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS
+from training.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, OBS, VALUE_TARGETS
 from training.lean_learner import LeanTorchLearner
 from training.train_batches import ReturnsData, TransitionsData
 
@@ -24,7 +23,7 @@ class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
     def compute_loss_for_module(self, *, module_id, config=None, batch, fwd_out):
         if BOOTSTRAP_OBS in batch:  # MARWIL (BC has no value function): bootstrap at the env's time limit
             with torch.no_grad():
-                values = self.module[module_id].unwrapped().compute_values({Columns.OBS: batch[BOOTSTRAP_OBS]})
+                values = self.module[module_id].unwrapped().compute_values({OBS: batch[BOOTSTRAP_OBS]})
             batch = {**batch, VALUE_TARGETS: batch[VALUE_TARGETS] + batch[BOOTSTRAP_DISCOUNT] * values}
         return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
