@@ -121,7 +121,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--d3rlpy-python", default=str(ROOT / ".venv-d3rlpy" / "bin" / "python"))
     parser.add_argument("--no-d3rlpy", action="store_true")
-    parser.add_argument("--algos", nargs="+", help="our algorithms to train (default: all for the action space)")
+    parser.add_argument("--algos", nargs="+", help="the columns to measure, ours or d3rlpy's (e.g. bc cql d3rlpy-bc; "
+                        "default: every learner for the action space)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
@@ -144,10 +145,10 @@ def main() -> None:
         kept = results.get(name, {}).get("scores", {})
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
                                  "scores": {**kept, "behaviour": [normalized_score(card.returns["mean"], reference)]}}
-        learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)
-                    if not args.algos or a in args.algos]
+        learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
+        learners = [(column, ours) for column, ours in learners if not args.algos or column in args.algos]
         for column, ours in learners:
             algo_params = params.algos.get(ours)
             entry["scores"][column] = []
