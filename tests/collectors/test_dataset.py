@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_files_are_native_arrow_columns(expert_dataset):
     schema = pq.read_schema(expert_dataset / card.files[0]["path"])
     assert str(schema.field(Col.OBS).type) == "fixed_size_list<element: float>[4]"
     assert str(schema.field(Col.ACTIONS).type) == "int64"
-    assert [f["path"] for f in card.files] == [f"episodes-{i:05d}-0.parquet" for i in range(4)]
+    assert [f["path"] for f in card.files] == [f"episodes-{i:05d}.parquet" for i in range(4)]
     for i, entry in enumerate(card.files):  # file i holds episodes 5i .. 5i+4, in order
         eps_id = pq.read_table(expert_dataset / entry["path"], columns=[Col.EPS_ID])[Col.EPS_ID].to_numpy()
         assert np.all(np.diff(eps_id) >= 0) and (eps_id[0], eps_id[-1]) == (5 * i, 5 * i + 4)
@@ -169,3 +170,24 @@ def test_validation_reads_row_groups_one_at_a_time_across_episodes(expert_datase
         rewrite_file(path, index, lambda table: table, row_group_size=7)  # episodes span many groups
     assert dataset.validate(path) == dataset.read_card(expert_dataset)
     assert dataset.load_table(path).equals(dataset.load_table(expert_dataset))
+
+
+
+def test_write_keeps_the_row_order_of_large_blocks(expert_dataset, tmp_path):
+    """pyarrow's threaded dataset writer, under Ray's write_parquet, interleaved blocks of over 2**18 rows."""
+    import ray
+
+    episodes, steps = 1080, 500  # two blocks of 270,000 rows
+    rng = np.random.default_rng(0)
+    path = rng.standard_normal((episodes, steps + 1, 4)).astype(np.float32)  # each episode's observations
+    columns = {Col.EPS_ID: np.repeat(np.arange(episodes), steps), Col.T: np.tile(np.arange(steps), episodes),
+               Col.OBS: path[:, :-1].reshape(-1, 4), Col.NEW_OBS: path[:, 1:].reshape(-1, 4),
+               Col.ACTIONS: rng.integers(0, 2, episodes * steps), Col.REWARDS: np.ones(episodes * steps),
+               Col.TERMINATEDS: np.tile(np.arange(steps) == steps - 1, episodes),
+               Col.TRUNCATEDS: np.zeros(episodes * steps, dtype=bool), Col.ACTION_LOGP: np.zeros(episodes * steps)}
+    card = dataset.read_card(expert_dataset)
+    table = dataset.transitions_table(columns, card.schema())
+    blocks = ray.data.from_arrow([table.slice(0, table.num_rows // 2), table.slice(table.num_rows // 2)])
+    written = dataset.write(blocks, tmp_path / "large", dataclasses.replace(card, episodes=episodes), file_bytes=2**30)
+    assert [f["rows"] for f in written.files] == [table.num_rows]
+    assert dataset.load_table(tmp_path / "large").equals(table)
