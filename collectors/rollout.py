@@ -28,22 +28,6 @@ def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
     return int(env_seq.generate_state(1)[0]), np.random.default_rng(policy_seq)
 
 
-class _Episode:
-    """Per-step buffers of one running episode."""
-
-    def __init__(self, eps_id: int):
-        self.eps_id = eps_id
-        self.steps: dict[str, list] = {c: [] for c in (Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS,
-                                                       Col.TERMINATEDS, Col.TRUNCATEDS, Col.ACTION_LOGP)}
-
-    def columns(self) -> dict[str, np.ndarray]:
-        n = len(self.steps[Col.REWARDS])
-        cols = {name: np.asarray(values) for name, values in self.steps.items() if values}
-        cols[Col.EPS_ID] = np.full(n, self.eps_id, dtype=np.int64)
-        cols[Col.T] = np.arange(n, dtype=np.int32)
-        return cols
-
-
 # Tests only: when set to a file path that does not exist yet, the first collector to finish a task creates
 # the file and dies before returning, as a crashed machine would.
 CRASH_ONCE_ENV = "ORL_TEST_CRASH_COLLECTOR_ONCE"
@@ -83,32 +67,34 @@ class EpisodeRunner:
         """Runs the given episodes to their end; returns one table in the dataset schema, ordered by (eps_id, t)."""
         envs = self.envs[:len(eps_ids)]
         pending = iter(eps_ids)
-        slots: list[tuple[_Episode, np.random.Generator, np.ndarray] | None] = [None] * len(envs)
+        # One entry per step, in the order stepped: each env steps its episode in order, so a stable sort by
+        # eps_id at the end puts every episode's steps together without per-episode buffers.
+        steps: dict[str, list] = {c: [] for c in (Col.EPS_ID, Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS,
+                                                  Col.TERMINATEDS, Col.TRUNCATEDS, Col.ACTION_LOGP)}
+        eps_of, rng_of, obs_of = [0] * len(envs), [None] * len(envs), [None] * len(envs)
         by_random = [False] * len(envs)
-        finished: list[_Episode] = []
 
-        def start(slot: int) -> None:
+        def start(slot: int) -> bool:
+            """Starts the next pending episode on `slot`'s env; False when none is left."""
             eps_id = next(pending, None)
             if eps_id is None:
-                slots[slot] = None
-                return
-            env_seed, rng = episode_seeds(self.seed, eps_id)
-            obs, _ = envs[slot].reset(seed=env_seed)
+                return False
+            env_seed, rng_of[slot] = episode_seeds(self.seed, eps_id)
+            obs_of[slot], _ = envs[slot].reset(seed=env_seed)
+            eps_of[slot] = eps_id
             # Drawn only for mixed data, so other datasets' random streams (and bytes) stay as they were.
-            by_random[slot] = self.random_episodes > 0 and rng.random() < self.random_episodes
-            slots[slot] = (_Episode(eps_id), rng, obs)
+            by_random[slot] = self.random_episodes > 0 and rng_of[slot].random() < self.random_episodes
+            return True
 
-        for slot in range(len(envs)):
-            start(slot)
-        while any(slots):
-            active = [i for i, s in enumerate(slots) if s is not None]
-            obs = np.stack([slots[i][2] for i in active])
+        active = [slot for slot in range(len(envs)) if start(slot)]
+        while active:
+            obs = np.stack([obs_of[i] for i in active])
             actions, logp = _act(self.policy, self.random_policy, [by_random[i] for i in active], obs,
-                                 [slots[i][1] for i in active], [envs[i] for i in active], self.with_logp)
+                                 [rng_of[i] for i in active], [envs[i] for i in active], self.with_logp)
+            still_running = []
             for row, i in enumerate(active):
-                episode, rng, _ = slots[i]
                 new_obs, reward, terminated, truncated, _ = envs[i].step(actions[row])
-                steps = episode.steps
+                steps[Col.EPS_ID].append(eps_of[i])
                 steps[Col.OBS].append(obs[row])
                 steps[Col.ACTIONS].append(actions[row])
                 steps[Col.REWARDS].append(reward)
@@ -117,14 +103,14 @@ class EpisodeRunner:
                 steps[Col.TRUNCATEDS].append(truncated)
                 if logp is not None:
                     steps[Col.ACTION_LOGP].append(logp[row])
-                if terminated or truncated:
-                    finished.append(episode)
-                    start(i)
-                else:
-                    slots[i] = (episode, rng, new_obs)
-        finished.sort(key=lambda e: e.eps_id)
-        per_episode = [e.columns() for e in finished]
-        columns = {f.name: np.concatenate([cols[f.name] for cols in per_episode]) for f in self.schema}
+                obs_of[i] = new_obs
+                if not (terminated or truncated) or start(i):
+                    still_running.append(i)
+            active = still_running
+        order = np.argsort(np.asarray(steps[Col.EPS_ID], dtype=np.int64), kind="stable")
+        columns = {name: np.asarray(values)[order] for name, values in steps.items() if values}
+        _, first_row, length = np.unique(columns[Col.EPS_ID], return_index=True, return_counts=True)
+        columns[Col.T] = np.arange(len(order), dtype=np.int32) - np.repeat(first_row, length).astype(np.int32)
         return transitions_table(columns, self.schema)
 
 
