@@ -166,7 +166,8 @@ def main() -> None:
                 entry["scores"][column].append(score)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
-        # Written after every dataset, so a long run leaves its finished rows behind.
+        # Written after every dataset, so a long run leaves its finished rows behind; rows in params.yaml's order.
+        results = {n: results[n] for n in dict.fromkeys([*params.all_datasets, *results]) if n in results}
         columns = [c for c in COLUMNS if any(c in entry["scores"] for entry in results.values())]
         table = markdown(results, columns)
         (args.out / "quality.md").write_text(table)
