@@ -1,7 +1,9 @@
 """Collection throughput: steps/s of `orl collect` ÷ (collectors × a plain gymnasium loop), measured in one run.
 
 The plain loop is the ceiling per core: one process, one environment, `env.step(policy(obs))` and nothing
-else (no recording, no Parquet). The same loops run in parallel, one process per collector, show what this
+else (no recording, no Parquet). The collector loop alone is what each collector actor runs
+(collectors/rollout.py: `envs_per_collector` environments in lockstep, every step recorded, one Arrow table),
+in this process, without Ray. The plain loops run in parallel, one process per collector, show what this
 machine's cores give together. `orl collect` is timed end to end on a running Ray: actors started, every
 episode stepped, recorded, written to Parquet through Ray Data and validated. Behaviour policies: random,
 the env's heuristic expert, and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
@@ -28,7 +30,7 @@ from collectors.collect import collect  # noqa: E402
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
 from collectors.envs import env_spaces, make_env  # noqa: E402
 from collectors.policies import build_policy  # noqa: E402
-from collectors.rollout import episode_seeds  # noqa: E402
+from collectors.rollout import EpisodeRunner, episode_seeds  # noqa: E402
 from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 
@@ -36,6 +38,10 @@ from pipelines.params import load_params  # noqa: E402
 EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, ("CartPole-v1", "neural"): 22,
                  ("LunarLander-v3", "random"): 95, ("LunarLander-v3", "expert"): 260,
                  ("LunarLander-v3", "neural"): 95}
+
+
+def episodes_for(env_id: str, kind: str, steps: int) -> int:
+    return max(8, steps // EPISODE_STEPS[(env_id, kind)])
 
 
 def neural_policy_dir(env_id: str, out: Path) -> Path:
@@ -73,6 +79,14 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
     return steps / (time.perf_counter() - started)
 
 
+def collector_loop(env_id: str, policy_config: PolicyConfig, episodes: int, num_envs: int) -> float:
+    """Steps/s of one collector's loop, tables included, in this process (one thread, as in plain_loop)."""
+    runner = EpisodeRunner(env_id, policy_config, 0, num_envs)
+    started = time.perf_counter()
+    table = runner.run(list(range(episodes)))
+    return table.num_rows / (time.perf_counter() - started)
+
+
 def parallel_plain_loops(env_id: str, policy_config: PolicyConfig, steps: int, processes: int) -> float:
     """Total steps/s of `processes` plain loops running at once (each timed from its own first step)."""
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
@@ -100,8 +114,9 @@ def main() -> None:
     params = load_params(args.params)
     start_ray(params.ray)
     counts = args.collectors or [params.collect.num_collectors]
-    rows = ["| env | policy | collectors | plain loop steps/s | plain loops in parallel | orl collect steps/s | ratio "
-            "(÷ collectors × plain) | ÷ plain loops in parallel |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| env | policy | collectors | plain loop steps/s | collector loop alone (÷ plain) | plain loops in parallel "
+            "| orl collect steps/s | ratio (÷ collectors × plain) | ÷ plain loops in parallel |",
+            "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as modules:
         for env_id in args.envs:
             for kind in args.policies:
@@ -110,12 +125,14 @@ def main() -> None:
                 else:
                     policy = PolicyConfig(kind=kind)
                 plain = plain_loop(env_id, policy, min(args.steps, 50_000))
-                episodes = max(8, args.steps // EPISODE_STEPS[(env_id, kind)])
+                alone = collector_loop(env_id, policy, episodes_for(env_id, kind, min(args.steps, 50_000)),
+                                       params.collect.envs_per_collector)
                 for count in counts:
                     settings = dataclasses.replace(params.collect, num_collectors=count)
                     parallel = parallel_plain_loops(env_id, policy, args.steps // count, count)
-                    rate = orl_collect(env_id, policy, episodes, settings)
-                    rows.append(f"| {env_id} | {kind} | {count} | {plain:,.0f} | {parallel:,.0f} | {rate:,.0f} | "
+                    rate = orl_collect(env_id, policy, episodes_for(env_id, kind, args.steps), settings)
+                    rows.append(f"| {env_id} | {kind} | {count} | {plain:,.0f} | {alone:,.0f} ({alone / plain:.2f}) | "
+                                f"{parallel:,.0f} | {rate:,.0f} | "
                                 f"{rate / (count * plain):.2f} | {rate / parallel:.2f} |")
                     print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
