@@ -416,8 +416,7 @@ def write(transitions, path: str | os.PathLike, card: DatasetCard, file_bytes: i
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
     # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
-    transitions.write_datasink(_ordered_parquet_sink(staging, file_bytes),
-                               ray_remote_args={"num_cpus": 0})
+    transitions.write_datasink(_ordered_parquet_sink(staging, file_bytes), ray_remote_args={"num_cpus": 0})
     files = sorted(staging.glob("*.parquet"))
     # Per file, then joined: files are cut between episodes, and only per-episode numbers are kept.
     returns, lengths = map(np.concatenate, zip(*(episode_stats(pq.read_table(f, columns=[Col.EPS_ID, Col.REWARDS]))

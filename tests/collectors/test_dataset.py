@@ -172,16 +172,15 @@ def test_validation_reads_row_groups_one_at_a_time_across_episodes(expert_datase
     assert dataset.load_table(path).equals(dataset.load_table(expert_dataset))
 
 
-
 def test_write_keeps_the_row_order_of_large_blocks(expert_dataset, tmp_path):
     """pyarrow's threaded dataset writer, under Ray's write_parquet, interleaved blocks of over 2**18 rows."""
     import ray
 
     episodes, steps = 1080, 500  # two blocks of 270,000 rows
     rng = np.random.default_rng(0)
-    path = rng.standard_normal((episodes, steps + 1, 4)).astype(np.float32)  # each episode's observations
+    trajectories = rng.standard_normal((episodes, steps + 1, 4)).astype(np.float32)  # observations
     columns = {Col.EPS_ID: np.repeat(np.arange(episodes), steps), Col.T: np.tile(np.arange(steps), episodes),
-               Col.OBS: path[:, :-1].reshape(-1, 4), Col.NEW_OBS: path[:, 1:].reshape(-1, 4),
+               Col.OBS: trajectories[:, :-1].reshape(-1, 4), Col.NEW_OBS: trajectories[:, 1:].reshape(-1, 4),
                Col.ACTIONS: rng.integers(0, 2, episodes * steps), Col.REWARDS: np.ones(episodes * steps),
                Col.TERMINATEDS: np.tile(np.arange(steps) == steps - 1, episodes),
                Col.TRUNCATEDS: np.zeros(episodes * steps, dtype=bool), Col.ACTION_LOGP: np.zeros(episodes * steps)}
