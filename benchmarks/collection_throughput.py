@@ -124,8 +124,9 @@ def main() -> None:
                     policy = PolicyConfig(kind="model", model=str(neural_policy_dir(env_id, Path(modules))))
                 else:
                     policy = PolicyConfig(kind=kind)
-                plain = plain_loop(env_id, policy, min(args.steps, 50_000))
-                alone = collector_loop(env_id, policy, episodes_for(env_id, kind, min(args.steps, 50_000)),
+                single_core_steps = min(args.steps, 50_000)
+                plain = plain_loop(env_id, policy, single_core_steps)
+                alone = collector_loop(env_id, policy, episodes_for(env_id, kind, single_core_steps),
                                        params.collect.envs_per_collector)
                 for count in counts:
                     settings = dataclasses.replace(params.collect, num_collectors=count)

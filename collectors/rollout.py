@@ -107,8 +107,10 @@ class EpisodeRunner:
                 if not (terminated or truncated) or start(i):
                     still_running.append(i)
             active = still_running
-        order = np.argsort(np.asarray(steps[Col.EPS_ID], dtype=np.int64), kind="stable")
+        eps_id = np.asarray(steps.pop(Col.EPS_ID), dtype=np.int64)
+        order = np.argsort(eps_id, kind="stable")
         columns = {name: np.asarray(values)[order] for name, values in steps.items() if values}
+        columns[Col.EPS_ID] = eps_id[order]
         _, first_row, length = np.unique(columns[Col.EPS_ID], return_index=True, return_counts=True)
         columns[Col.T] = np.arange(len(order), dtype=np.int32) - np.repeat(first_row, length).astype(np.int32)
         return transitions_table(columns, self.schema)
