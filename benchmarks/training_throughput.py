@@ -1,7 +1,7 @@
 """Training throughput: samples/s of each RLlib offline learner ÷ a plain torch loop, measured in one run.
 
 The plain loop is the ceiling: the same network (encoder `hidden_layers`, RLlib's default heads), batch size,
-optimizer and loss, with the whole dataset already in memory as tensors and batches drawn by random index.
+optimizer, gradient clipping and loss, with the whole dataset already in memory as tensors and batches drawn by random index.
 RLlib's number is the steady state (iterations after the first); start-up is the time from building the
 algorithm to the end of its first iteration (Ray already running). A third number feeds RLlib's learner
 batches made ahead: its ratio is the ceiling the data pipeline cannot raise. Hyper-parameters come
@@ -52,8 +52,9 @@ def encoder(inputs: int, params: LearnerParams) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> float:
-    """Samples/s of `updates` gradient steps of the algorithm's loss, data in memory."""
+def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int, grad_clip: float | None) -> float:
+    """Samples/s of `updates` gradient steps of the algorithm's loss, data in memory; gradients clipped to a
+    global norm of `grad_clip` where RLlib's learner clips them (DQN)."""
     obs, next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
     actions = torch.as_tensor(arrays[Col.ACTIONS]).long()
     rewards, done = torch.as_tensor(arrays[Col.REWARDS]), torch.as_tensor(arrays[Col.TERMINATEDS]).float()
@@ -93,6 +94,8 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int) -> 
                 loss = -logp.mean()
         optimizer.zero_grad()
         loss.backward()
+        if grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
     return updates * params.batch_size / (time.perf_counter() - started)
 
@@ -156,6 +159,7 @@ def main() -> None:
     start_ray(params.ray)
     torch.manual_seed(0)
     arrays = dataset.load_arrays(args.dataset)
+    spaces = dataset.read_card(args.dataset).spaces
     rows = ["| learner | num_learners | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
             "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
@@ -163,7 +167,9 @@ def main() -> None:
         counts = args.learners or [algo_params.num_learners]
         measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset,
                                args.iterations) for learners in counts]
-        plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration)
+        grad_clip = rllib_config(algo, algo_params, spaces, args.dataset, seed=0).grad_clip
+        plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration,
+                                grad_clip)
         for learners, (startup, rllib_rate, learner_rate) in zip(counts, measured):
             rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
                         f"{plain_rate:,.0f} | {rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")

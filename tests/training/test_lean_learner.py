@@ -1,4 +1,5 @@
-"""Our learners' single finiteness check: a non-finite update is skipped whole and counted, a finite one applied."""
+"""Our learners' single finiteness check (a non-finite update is skipped whole and counted, a finite one applied)
+and their global-norm clipping, the same as RLlib's."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils import torch_utils
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
 from training.algorithms import rllib_config
-from training.lean_learner import SKIPPED_UPDATES
+from training.lean_learner import SKIPPED_UPDATES, clip_gradients
 
 
 def _weights(learner) -> list[torch.Tensor]:
@@ -44,3 +46,17 @@ def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_da
         assert not all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
     finally:
         algorithm.stop()
+
+
+def test_global_norm_clipping_matches_rllibs():
+    shapes = [(256, 4), (256,), (256, 256), (2, 256), (2,)]
+    generator = torch.Generator().manual_seed(0)
+    for scale in (0.001, 100.0):  # below and above the clip value
+        ours = {i: torch.randn(shape, generator=generator) * scale for i, shape in enumerate(shapes)}
+        theirs = {i: gradient.clone() for i, gradient in ours.items()}
+        norm = clip_gradients(ours, grad_clip=40.0, grad_clip_by="global_norm")
+        expected = torch_utils.clip_gradients(theirs, grad_clip=40.0, grad_clip_by="global_norm")
+        torch.testing.assert_close(norm, expected)
+        for i in ours:
+            torch.testing.assert_close(ours[i], theirs[i])
+    assert torch_utils.compute_global_norm(list(ours.values())) <= 40.0 + 1e-3
