@@ -5,6 +5,11 @@ with V frozen at initialisation (see training/train_batches.py). `ReturnsData` c
 returns MARWIL is defined with, from `returns_read_rows` rows at a time, bootstrapped with the current value
 function where the env's time limit cut an episode. BC is RLlib's MARWIL with beta = 0 and no value function;
 it reads plain transitions.
+
+MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
+c^2 at 100 whatever the rewards' scale; on LunarLander, whose returns-to-go have an RMS of about 40-75, the
+first batches' weights then gave 3-4 of 512 rows nearly all the weight (their effective sample size), until
+c^2 caught up. Here c^2 starts at the first batch's mean squared advantage.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from ray.rllib.algorithms.bc import BCConfig
 from ray.rllib.algorithms.marwil import MARWILConfig
 from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLearner
 
-from training.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, OBS, VALUE_TARGETS
+from training.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, LOSS_MASK, OBS, VALUE_TARGETS
 from training.lean_learner import LeanTorchLearner
 from training.train_batches import ReturnsData, TransitionsData
 
@@ -25,7 +30,16 @@ class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
             with torch.no_grad():
                 values = self.module[module_id].unwrapped().compute_values({OBS: batch[BOOTSTRAP_OBS]})
             batch = {**batch, VALUE_TARGETS: batch[VALUE_TARGETS] + batch[BOOTSTRAP_DISCOUNT] * values}
+            if module_id not in self.moving_avg_sqd_adv_norms_per_module:
+                self.moving_avg_sqd_adv_norms_per_module[module_id] = self._squared_advantages(module_id, batch)
         return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+    def _squared_advantages(self, module_id, batch) -> torch.Tensor:
+        """The batch's mean squared advantage under the current value function, over the rows in the loss."""
+        with torch.no_grad():
+            values = self.module[module_id].unwrapped().compute_values({OBS: batch[OBS]})
+        squared = (batch[VALUE_TARGETS] - values).square()
+        return squared[batch[LOSS_MASK]].mean() if LOSS_MASK in batch else squared.mean()
 
 
 class OfflineMARWILConfig(MARWILConfig):
