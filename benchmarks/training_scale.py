@@ -5,10 +5,12 @@ time and peak memory of collecting (summed PSS of this process and Ray's), then 
 process and reports:
 - start-up: seconds from building the algorithm to the end of its first iteration (`updates_per_iteration`
   updates, about 0.1 s of it), with Ray already running;
+- steady samples/s: the iterations after the first (a dataset that streams is read at this pace);
 - peak RSS of the training process, and the peak summed PSS of it and every Ray process it started (PSS
   splits each shared page, such as the object store's, among the processes that map it).
 The ratio 10M ÷ 1M shows whether memory grows with the dataset. With params.yaml's `memory_cache_mib` the 1M
-dataset is held in memory and the 10M one streams; `--memory-cache-mib 0` makes both stream.
+dataset is held in memory and the 10M one streams; `--memory-cache-mib 0` makes both stream, and
+`--stream-block-mib` sets the block size they stream in.
 
     python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20
     python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20 --memory-cache-mib 0
@@ -96,26 +98,28 @@ def process_tree_pss() -> int:
     return total
 
 
-def measure(dataset_dir: Path, iterations: int, params_file: str, memory_cache_mib: int | None) -> dict:
-    """Runs in a fresh process: start-up and peak memory of BC training on the dataset."""
+def measure(dataset_dir: Path, iterations: int, params_file: str, overrides: dict) -> dict:
+    """Runs in a fresh process: start-up, steady samples/s and peak memory of BC training on the dataset, with
+    `overrides` of params.yaml's `algos.bc`."""
     from training.algorithms import rllib_config
 
     params = load_params(params_file)
     start_ray(params.ray)
-    bc = params.algos.bc
-    if memory_cache_mib is not None:
-        bc = dataclasses.replace(bc, memory_cache_mib=memory_cache_mib)
+    bc = dataclasses.replace(params.algos.bc, **overrides)
     with peak_memory() as peak:
         started = time.perf_counter()
         algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
         algorithm.train()
         startup = time.perf_counter() - started
+        started = time.perf_counter()
         for _ in range(iterations):
             algorithm.train()
+        samples_per_s = iterations * bc.updates_per_iteration * bc.batch_size / (time.perf_counter() - started)
     algorithm.stop()
     del algorithm
     gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else exit hangs re-starting Ray)
-    return {"startup_s": startup, "peak_rss": peak["rss"], "peak_tree_rss": peak["tree_pss"]}
+    return {"startup_s": startup, "samples_per_s": samples_per_s, "peak_rss": peak["rss"],
+            "peak_tree_rss": peak["tree_pss"]}
 
 
 def print_collection(collected: list[tuple[Path, dict | None]]) -> None:
@@ -143,13 +147,16 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/orl-scale"))
     parser.add_argument("--memory-cache-mib", type=int,
                         help="overrides params.yaml's memory_cache_mib (0: every size streams)")
+    parser.add_argument("--stream-block-mib", type=int, help="overrides params.yaml's stream_block_mib")
     parser.add_argument("--episodes-per-task", type=int, default=2000,
                         help="collect.episodes_per_task for collecting; random CartPole episodes are short")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measurement
     args = parser.parse_args()
 
+    overrides = {name: value for name, value in (("memory_cache_mib", args.memory_cache_mib),
+                                                 ("stream_block_mib", args.stream_block_mib)) if value is not None}
     if args.measure:
-        print(json.dumps(measure(args.measure, args.iterations, args.params, args.memory_cache_mib)))
+        print(json.dumps(measure(args.measure, args.iterations, args.params, overrides)))
         return
     params = load_params(args.params)
     start_ray(params.ray)
@@ -160,19 +167,19 @@ def main() -> None:
     ray.shutdown()  # each measurement starts its own Ray, in its own process
     paths = [path for path, _ in collected]
     print_collection(collected)
-    rows = ["| transitions | files | on disk (MiB) | bytes/transition | start-up (s) | peak RSS (MiB) | "
-            "peak PSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|"]
+    rows = ["| transitions | files | on disk (MiB) | bytes/transition | start-up (s) | steady samples/s | "
+            "peak RSS (MiB) | peak PSS with Ray processes (MiB) |", "|---|---|---|---|---|---|---|---|"]
     results = []
     for size, path in zip(args.sizes, paths):
-        override = [] if args.memory_cache_mib is None else ["--memory-cache-mib", str(args.memory_cache_mib)]
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in overrides.items()]
         out = subprocess.run([sys.executable, __file__, "--measure", str(path), "--iterations", str(args.iterations),
-                              "--params", args.params, *override], capture_output=True, text=True, check=True)
+                              "--params", args.params, *flags], capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         results.append(result)
         card, disk = dataset.read_card(path), dataset.size_on_disk(path)
         rows.append(f"| {card.transitions:,} | {len(card.files)} | {disk / 2**20:.0f} | "
                     f"{disk / card.transitions:.1f} | "
-                    f"{result['startup_s']:.1f} | {result['peak_rss'] / 2**20:.0f} | "
+                    f"{result['startup_s']:.1f} | {result['samples_per_s']:,.0f} | {result['peak_rss'] / 2**20:.0f} | "
                     f"{result['peak_tree_rss'] / 2**20:.0f} |")
         print(rows[-1], file=sys.stderr, flush=True)
     if len(results) > 1:

@@ -42,8 +42,9 @@ def _common(config, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], 
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
-    # Read by TransitionsData: RLlib's config has no setting for Ray Data's memory budget.
+    # Read by TransitionsData: RLlib's config has no setting for Ray Data's memory budget or block size.
     config.stream_read_ahead_bytes = params.stream_read_ahead_mib * 2**20
+    config.stream_block_bytes = params.stream_block_mib * 2**20
     return config
 
 

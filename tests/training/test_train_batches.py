@@ -146,9 +146,10 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
     data = TransitionsData(config)
     [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
     assert isinstance(iterator, InMemoryBatches if in_memory else DataIterator)
-    if not in_memory:  # reading ahead stays within the object-store budget
+    if not in_memory:  # reading ahead stays within the object-store budget, in blocks of the set size
         limits = data.data.context.execution_options.resource_limits
         assert limits.object_store_memory == params.stream_read_ahead_mib * 2**20
+        assert data.data.context.target_max_block_size == params.stream_block_mib * 2**20
     batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
     rows = dataset.read_card(mixture_dataset).transitions
     assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
