@@ -1,11 +1,11 @@
 """Training throughput: samples/s of each RLlib offline learner ÷ a plain torch loop, measured in one run.
 
 The plain loop is the ceiling: the same network (encoder `hidden_layers`, RLlib's default heads), batch size,
-optimizer, gradient clipping and loss, with the whole dataset already in memory as tensors and batches drawn by random index.
-RLlib's number is the steady state (iterations after the first); start-up is the time from building the
-algorithm to the end of its first iteration (Ray already running). A third number feeds RLlib's learner
-batches made ahead: its ratio is the ceiling the data pipeline cannot raise. Hyper-parameters come
-from params.yaml's `algos`.
+optimizer, gradient clipping and loss (MARWIL's value targets bootstrapped at the time limit, as its learner
+does), with the whole dataset already in memory as tensors and batches drawn by random index. RLlib's number
+is the steady state (iterations after the first); start-up is the time from building the algorithm to the
+end of its first iteration (Ray already running). A third number feeds RLlib's learner batches made ahead:
+its ratio is the ceiling the data pipeline cannot raise. Hyper-parameters come from params.yaml's `algos`.
 
     python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
 """
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,12 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collectors import dataset  # noqa: E402
-from collectors.dataset import Col  # noqa: E402
+from collectors.dataset import Col, column_to_numpy  # noqa: E402
 from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 from training.algorithms import rllib_config  # noqa: E402
 from training.config import DQNParams, LearnerParams, MARWILParams  # noqa: E402
-from training.batch_columns import episode_run_ends, returns_to_go  # noqa: E402
+from training.batch_columns import (  # noqa: E402
+    BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS, with_returns)
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 AHEAD_BATCHES = 16
@@ -52,9 +54,10 @@ def encoder(inputs: int, params: LearnerParams) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int, grad_clip: float | None) -> float:
+def plain_loop(algo: str, params: LearnerParams, table: pa.Table, updates: int, grad_clip: float | None) -> float:
     """Samples/s of `updates` gradient steps of the algorithm's loss, data in memory; gradients clipped to a
     global norm of `grad_clip` where RLlib's learner clips them (DQN)."""
+    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
     obs, next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
     actions = torch.as_tensor(arrays[Col.ACTIONS]).long()
     rewards, done = torch.as_tensor(arrays[Col.REWARDS]), torch.as_tensor(arrays[Col.TERMINATEDS]).float()
@@ -65,8 +68,10 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int, gra
     model = nn.ModuleDict({"body": body, "heads": heads, "critic_body": critic_body})
     target = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=params.lr)
-    run_ends = episode_run_ends(arrays[Col.EPS_ID], arrays[Col.T])
-    returns = torch.as_tensor(returns_to_go(arrays[Col.REWARDS], run_ends, getattr(params, "gamma", 0.99)))
+    # MARWIL's value targets as its learner reads them: returns-to-go, bootstrapped where the time limit cut.
+    marwil_columns = with_returns(table, getattr(params, "gamma", 0.99))
+    returns, bootstrap_obs, bootstrap_discount = (torch.as_tensor(marwil_columns[f"{DEFAULT_MODULE_ID}/{name}"])
+                                                  for name in (VALUE_TARGETS, BOOTSTRAP_OBS, BOOTSTRAP_DISCOUNT))
 
     def q_values(net, x):  # dueling: V + A - mean(A)
         h = net["body"](x)
@@ -87,9 +92,12 @@ def plain_loop(algo: str, params: LearnerParams, arrays: dict, updates: int, gra
             h = body(obs[i])
             logp = torch.log_softmax(heads["pi"](h), dim=1).gather(1, actions[i, None]).squeeze(1)
             if isinstance(params, MARWILParams):
+                with torch.no_grad():
+                    bootstrap = heads["vf"](critic_body(bootstrap_obs[i])).squeeze(1)
+                targets = returns[i] + bootstrap_discount[i] * bootstrap
                 value = heads["vf"](critic_body(obs[i])).squeeze(1)
-                weights = torch.exp(params.beta * (returns[i] - value).detach()).clamp(max=20.0)
-                loss = -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, returns[i])
+                weights = torch.exp(params.beta * (targets - value).detach()).clamp(max=20.0)
+                loss = -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, targets)
             else:
                 loss = -logp.mean()
         optimizer.zero_grad()
@@ -158,7 +166,7 @@ def main() -> None:
     params = load_params(args.params)
     start_ray(params.ray)
     torch.manual_seed(0)
-    arrays = dataset.load_arrays(args.dataset)
+    table = dataset.load_table(args.dataset)
     spaces = dataset.read_card(args.dataset).spaces
     rows = ["| learner | num_learners | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
             "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
@@ -168,7 +176,7 @@ def main() -> None:
         measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset,
                                args.iterations) for learners in counts]
         grad_clip = rllib_config(algo, algo_params, spaces, args.dataset, seed=0).grad_clip
-        plain_rate = plain_loop(algo, algo_params, arrays, args.iterations * algo_params.updates_per_iteration,
+        plain_rate = plain_loop(algo, algo_params, table, args.iterations * algo_params.updates_per_iteration,
                                 grad_clip)
         for learners, (startup, rllib_rate, learner_rate) in zip(counts, measured):
             rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
