@@ -51,6 +51,15 @@ def mixture_dataset(ray_local, tmp_path_factory) -> Path:
     return path
 
 
+def train_columns(algorithm, rows: int) -> dict:
+    """The first `rows` rows of an algorithm's train batches, as tensors named by column (no module prefix)."""
+    import numpy as np
+    import torch
+
+    data = algorithm.offline_data.data.take_batch(rows, batch_format="numpy")
+    return {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+
+
 def copy_dataset(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

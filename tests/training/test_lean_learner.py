@@ -3,7 +3,6 @@ and their global-norm clipping, the same as RLlib's."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -13,6 +12,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
+from tests.conftest import train_columns
 from training.algorithms import rllib_config
 from training.lean_learner import SKIPPED_UPDATES, clip_gradients
 
@@ -27,8 +27,7 @@ def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_da
                              seed=0).build_algo()
     try:
         learner = algorithm.learner_group._learner
-        data = algorithm.offline_data.data.take_batch(64, batch_format="numpy")
-        columns = {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+        columns = train_columns(algorithm, 64)
 
         def update(observations: torch.Tensor) -> dict:
             batch = SampleBatch({**columns, Col.OBS: observations})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -10,6 +9,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from collectors import dataset
 from pipelines.params import load_params
+from tests.conftest import train_columns
 from training.algorithms import rllib_config
 from training.batch_columns import LOSS_MASK, OBS, VALUE_TARGETS
 
@@ -23,8 +23,7 @@ def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dat
     try:
         learner = algorithm.learner_group._learner
         module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-        data = algorithm.offline_data.data.take_batch(ROWS, batch_format="numpy")
-        columns = {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+        columns = train_columns(algorithm, ROWS)
         assert columns[LOSS_MASK].all()  # the test data's episodes are whole
         with torch.no_grad():  # what the initial value function leaves to explain (no episode hits the time limit)
             expected = (columns[VALUE_TARGETS] - module.compute_values({OBS: columns[OBS]})).square().mean()
