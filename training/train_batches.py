@@ -74,7 +74,7 @@ class TransitionsData(OfflineData):
             self.in_memory = InMemoryBatches(self.to_train_batch(rows, **self.batch_kwargs(config)), config.seed)
         elif config.materialize_mapped_data:
             self.data = self.data.materialize()
-        else:  # streams: Ray Data reads ahead of the learner within this object-store budget, in small blocks
+        else:  # streams: Ray Data reads ahead of the learner within this object-store budget, in blocks of this size
             options = self.data.context.execution_options
             options.resource_limits = options.resource_limits.copy(object_store_memory=config.stream_read_ahead_bytes)
             self.data.context.target_max_block_size = config.stream_block_bytes
