@@ -108,10 +108,11 @@ def plain_loop(algo: str, params: LearnerParams, table: pa.Table, updates: int, 
     return updates * params.batch_size / (time.perf_counter() - started)
 
 
-def rllib_loop(algo: str, params: LearnerParams, dataset_dir: Path, iterations: int) -> tuple[float, float, float]:
+def rllib_loop(algo: str, params: LearnerParams, spaces, dataset_dir: Path,
+               iterations: int) -> tuple[float, float, float]:
     """(start-up seconds, steady-state samples/s, samples/s of the learner alone on batches made ahead)."""
     started = time.perf_counter()
-    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+    algorithm = rllib_config(algo, params, spaces, dataset_dir, seed=0).build_algo()
     try:
         algorithm.train()
         startup = time.perf_counter() - started
@@ -173,7 +174,7 @@ def main() -> None:
     for algo in args.algos:
         algo_params = params.algos.get(algo)
         counts = args.learners or [algo_params.num_learners]
-        measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset,
+        measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), spaces, args.dataset,
                                args.iterations) for learners in counts]
         grad_clip = rllib_config(algo, algo_params, spaces, args.dataset, seed=0).grad_clip
         plain_rate = plain_loop(algo, algo_params, table, args.iterations * algo_params.updates_per_iteration,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,19 @@ def mixture_dataset(ray_local, tmp_path_factory) -> Path:
     spec = DatasetConfig(env="CartPole-v1", episodes=12, seed=2, policy=PolicyConfig(kind="mixture", epsilon=0.5))
     collect("cartpole-medium", spec, TINY_COLLECT, path)
     return path
+
+
+@contextmanager
+def built_algorithm(algo: str, params, dataset_dir: Path):
+    """The RLlib algorithm that trains `algo` with `params` on the dataset (seed 0), stopped afterwards."""
+    from collectors import dataset
+    from training.algorithms import rllib_config
+
+    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+    try:
+        yield algorithm
+    finally:
+        algorithm.stop()
 
 
 def train_columns(algorithm, rows: int) -> dict:

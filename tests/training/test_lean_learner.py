@@ -9,11 +9,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils import torch_utils
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
-from collectors import dataset
 from collectors.dataset import Col
 from pipelines.params import load_params
-from tests.conftest import train_columns
-from training.algorithms import rllib_config
+from tests.conftest import built_algorithm, train_columns
 from training.lean_learner import SKIPPED_UPDATES, clip_gradients
 
 
@@ -22,10 +20,7 @@ def _weights(learner) -> list[torch.Tensor]:
 
 
 def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_dataset, ray_local):
-    params = load_params("params.yaml").algos.bc
-    algorithm = rllib_config("bc", params, dataset.read_card(expert_dataset).spaces, expert_dataset,
-                             seed=0).build_algo()
-    try:
+    with built_algorithm("bc", load_params("params.yaml").algos.bc, expert_dataset) as algorithm:
         learner = algorithm.learner_group._learner
         columns = train_columns(algorithm, 64)
 
@@ -43,8 +38,6 @@ def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_da
 
         update(columns[Col.OBS])
         assert not all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
-    finally:
-        algorithm.stop()
 
 
 def test_global_norm_clipping_matches_rllibs():

@@ -15,6 +15,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col, episode_stats
 from collectors.policies import load_rl_module
 from collectors.rollout import EpisodeRunner
+from tests.conftest import built_algorithm
 from training.algorithms import rllib_config
 from training.config import DQNParams
 
@@ -81,10 +82,6 @@ def test_target_sync_count_survives_a_checkpoint(expert_dataset, tmp_path):
     """A resumed run syncs its target network on the same schedule as one never interrupted."""
     params = DQNParams(**{**BUDGET, "iterations": 2, "updates_per_iteration": 30})
     train_and_save(expert_dataset, params, tmp_path / "dqn")
-    algorithm = rllib_config("dqn", params, dataset.read_card(expert_dataset).spaces, expert_dataset,
-                             seed=0).build_algo()
-    try:
+    with built_algorithm("dqn", params, expert_dataset) as algorithm:
         algorithm.learner_group.restore_from_path(tmp_path / "dqn" / "learner_group")  # as `orl train` resumes
         assert algorithm.learner_group._learner._gradient_updates == 60
-    finally:
-        algorithm.stop()

@@ -7,20 +7,15 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
-from collectors import dataset
 from pipelines.params import load_params
-from tests.conftest import train_columns
-from training.algorithms import rllib_config
+from tests.conftest import built_algorithm, train_columns
 from training.batch_columns import LOSS_MASK, OBS, VALUE_TARGETS
 
 ROWS = 256
 
 
 def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dataset, ray_local):
-    params = load_params("params.yaml").algos.marwil
-    algorithm = rllib_config("marwil", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset,
-                             seed=0).build_algo()
-    try:
+    with built_algorithm("marwil", load_params("params.yaml").algos.marwil, mixture_dataset) as algorithm:
         learner = algorithm.learner_group._learner
         module = learner.module[DEFAULT_MODULE_ID].unwrapped()
         columns = train_columns(algorithm, ROWS)
@@ -35,5 +30,3 @@ def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dat
         norm = learner.moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID]
         torch.testing.assert_close(norm, expected)
         assert not torch.isclose(norm, torch.tensor(algorithm.config.moving_average_sqd_adv_norm_start), rtol=0.5)
-    finally:
-        algorithm.stop()
