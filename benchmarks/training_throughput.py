@@ -67,7 +67,7 @@ def plain_loop(algo: str, params: LearnerParams, table: pa.Table, updates: int, 
     critic_body = encoder(obs.shape[1], params)  # MARWIL's value function has its own layers
     model = nn.ModuleDict({"body": body, "heads": heads, "critic_body": critic_body})
     target = copy.deepcopy(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=params.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=params.lr, fused=True)  # as our learners run it
     # MARWIL's value targets as its learner reads them: returns-to-go, bootstrapped where the time limit cut.
     marwil_columns = with_returns(table, getattr(params, "gamma", 0.99))
     returns, bootstrap_obs, bootstrap_discount = (torch.as_tensor(marwil_columns[f"{DEFAULT_MODULE_ID}/{name}"])

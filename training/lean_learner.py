@@ -12,6 +12,8 @@
 - Clipping by global norm (DQN's default, at 40) takes the norms of all gradient tensors in one foreach op
   and scales them in another: about 60 us per update for DQN's network, against RLlib's 120 us for a norm,
   a nan_to_num and a multiply per tensor. The result is the same.
+- Adam runs fused: one kernel per parameter tensor for the whole update, where torch's default on CPU runs
+  about ten ops per tensor, each a Python call and a dispatch. The math is the same.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class LeanTorchLearner:
     def build(self) -> None:
         super().build()
         torch.set_flush_denormal(True)
+        for optimizer in self._named_optimizers.values():
+            if isinstance(optimizer, torch.optim.Adam):  # all of RLlib's learners for our algorithms build Adam
+                for group in optimizer.param_groups:
+                    group.update(foreach=None, fused=True)
 
     @staticmethod
     def _get_clip_function():

@@ -1,5 +1,5 @@
-"""Our learners' single finiteness check (a non-finite update is skipped whole and counted, a finite one applied)
-and their global-norm clipping, the same as RLlib's."""
+"""Our learners' single finiteness check (a non-finite update is skipped whole and counted, a finite one applied
+by the fused Adam) and their global-norm clipping, the same as RLlib's."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_da
         assert all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
         assert results[DEFAULT_MODULE_ID][SKIPPED_UPDATES].peek() == 1
 
+        assert all(group["fused"] for optimizer in learner._named_optimizers.values()
+                   for group in optimizer.param_groups)
         update(columns[Col.OBS])
         assert not all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
 
