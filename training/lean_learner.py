@@ -12,8 +12,9 @@
 - Clipping by global norm (DQN's default, at 40) takes the norms of all gradient tensors in one foreach op
   and scales them in another: about 60 us per update for DQN's network, against RLlib's 120 us for a norm,
   a nan_to_num and a multiply per tensor. The result is the same.
-- Adam runs fused: one kernel per parameter tensor for the whole update, where torch's default on CPU runs
-  about ten ops per tensor, each a Python call and a dispatch. The math is the same.
+- Adam runs fused: one call updates every parameter tensor, where torch's default on CPU makes about ten
+  calls per tensor, each through Python and the dispatcher: 1.07-1.10x samples/s for BC, MARWIL and DQN.
+  The math is the same.
 """
 
 from __future__ import annotations
