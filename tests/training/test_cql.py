@@ -16,6 +16,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col
 from collectors.errors import UserError
 from collectors.policies import ModulePolicy, load_rl_module
+from tests.conftest import built_algorithm
 from training.algorithms import rllib_config
 from training.config import CQLParams, DQNParams
 
@@ -32,8 +33,7 @@ def pendulum_dataset(ray_local, tmp_path_factory):
 
 def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
     card = dataset.read_card(pendulum_dataset)
-    algorithm = rllib_config("cql", CQLParams(**BUDGET), card.spaces, pendulum_dataset, seed=0).build_algo()
-    try:
+    with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
         assert algorithm.env_runner_group is None
         module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
         q_layers = [m for m in (*module.qf_encoder.modules(), *module.qf.modules()) if isinstance(m, torch.nn.Linear)]
@@ -47,10 +47,8 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
             stats = algorithm.train()["learners"]["default_policy"]
         assert np.isfinite(stats["qf_loss"]) and np.isfinite(stats["policy_loss"])
         algorithm.save_to_path(tmp_path / "cql")
-    finally:
-        algorithm.stop()
-        del algorithm
-        gc.collect()
+    del algorithm
+    gc.collect()
 
     policy = ModulePolicy(load_rl_module(tmp_path / "cql"), card.spaces[1], greedy=True)
     assert policy.squashed

@@ -16,7 +16,6 @@ from collectors.dataset import Col, episode_stats
 from collectors.policies import load_rl_module
 from collectors.rollout import EpisodeRunner
 from tests.conftest import built_algorithm
-from training.algorithms import rllib_config
 from training.config import DQNParams
 
 BUDGET = dict(iterations=40, updates_per_iteration=50, batch_size=256, hidden_layers=[64, 64], lr=1e-3,
@@ -33,17 +32,14 @@ def medium_dataset(ray_local, tmp_path_factory):
 
 
 def train_and_save(dataset_dir, params: DQNParams, checkpoint):
-    algorithm = rllib_config("dqn", params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
-    try:
+    with built_algorithm("dqn", params, dataset_dir) as algorithm:
         assert algorithm.env_runner_group is None  # offline: no env runner processes, local or remote
         for _ in range(params.iterations):
             stats = algorithm.train()["learners"]["default_policy"]
         algorithm.save_to_path(checkpoint)
-        return stats
-    finally:
-        algorithm.stop()
-        del algorithm
-        gc.collect()
+    del algorithm
+    gc.collect()
+    return stats
 
 
 def greedy_returns(checkpoint, episodes=10):
