@@ -15,6 +15,7 @@ from ray.rllib.algorithms.dqn.dqn_learner import QF_NEXT_PREDS, QF_PREDS, QF_TAR
 from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.core.learner.utils import update_target_network
@@ -67,9 +68,22 @@ class OfflineDQNConfig(DQNConfig):
 
 
 class OfflineDQNTorchRLModule(DefaultDQNTorchRLModule):
-    """RLlib's DQN module, with the online Q-values of the next observations (by which double Q picks the
-    bootstrap action) computed without gradients. RLlib computes them in one pass with the current
-    observations, so every backward pass covered twice the batch; the loss is the same."""
+    """RLlib's DQN module, with two costs of its training forward pass taken out; the loss is the same.
+
+    - The online Q-values of the next observations (by which double Q picks the bootstrap action) are
+      computed without gradients. RLlib computes them in one pass with the current observations, so every
+      backward pass covered twice the batch.
+    - Dueling heads centre the advantages with a plain mean. RLlib's is nan-aware, for action masks that set
+      advantages to -inf; our datasets have no masks, and its nan_to_num and nanmean add about 20 ops to each
+      of an update's three passes and to the backward one.
+    """
+
+    def _qf_forward_helper(self, batch, encoder, head):
+        if not self.uses_dueling or self.num_atoms > 1:
+            return super()._qf_forward_helper(batch, encoder, head)
+        features = encoder(batch)[ENCODER_OUT]
+        advantages = head["af"](features)
+        return {QF_PREDS: head["vf"](features) + advantages - advantages.mean(dim=-1, keepdim=True)}
 
     def _forward_train(self, batch):
         if not self.uses_double_q:

@@ -81,3 +81,17 @@ def test_target_sync_count_survives_a_checkpoint(expert_dataset, tmp_path):
     with built_algorithm("dqn", params, expert_dataset) as algorithm:
         algorithm.learner_group.restore_from_path(tmp_path / "dqn" / "learner_group")  # as `orl train` resumes
         assert algorithm.learner_group._learner._gradient_updates == 60
+
+
+def test_dueling_q_values_equal_rllibs(expert_dataset):
+    """Our dueling heads centre advantages with a plain mean where RLlib's is nan-aware: same Q-values."""
+    from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
+
+    obs = {"obs": torch.as_tensor(dataset.load_arrays(expert_dataset)[Col.OBS][:64])}
+    with built_algorithm("dqn", DQNParams(**BUDGET), expert_dataset) as algorithm:
+        module = algorithm.learner_group._learner.module["default_policy"]
+        assert module.uses_dueling
+        heads = {"af": module.af, "vf": module.vf}
+        ours = module._qf_forward_helper(obs, module.encoder, heads)["qf_preds"]
+        rllibs = DefaultDQNTorchRLModule._qf_forward_helper(module, obs, module.encoder, heads)["qf_preds"]
+    torch.testing.assert_close(ours, rllibs)
