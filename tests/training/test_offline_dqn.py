@@ -15,7 +15,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col, episode_stats
 from collectors.policies import load_rl_module
 from collectors.rollout import EpisodeRunner
-from tests.conftest import built_algorithm
+from tests.conftest import built_algorithm, train_columns
 from training.config import DQNParams
 
 BUDGET = dict(iterations=40, updates_per_iteration=50, batch_size=256, hidden_layers=[64, 64], lr=1e-3,
@@ -94,4 +94,24 @@ def test_dueling_q_values_equal_rllibs(expert_dataset):
         heads = {"af": module.af, "vf": module.vf}
         ours = module._qf_forward_helper(obs, module.encoder, heads)["qf_preds"]
         rllibs = DefaultDQNTorchRLModule._qf_forward_helper(module, obs, module.encoder, heads)["qf_preds"]
+    torch.testing.assert_close(ours, rllibs)
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_td_loss_equals_rllibs(expert_dataset, double_q):
+    """Our offline TD loss is RLlib's DQN loss with uniform importance weights, on the same batch."""
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+
+    params = DQNParams(**BUDGET, double_q=double_q, n_step=3)
+    with built_algorithm("dqn", params, expert_dataset) as algorithm:
+        algorithm.train()  # the target network drifts from the online one
+        learner = algorithm.learner_group._learner
+        batch = train_columns(algorithm, 256)
+        config = learner.config.get_config_for_module("default_policy")
+        fwd_out = learner.module["default_policy"].forward_train(batch)
+        ours = learner.compute_loss_for_module(module_id="default_policy", config=config, batch=batch,
+                                               fwd_out=fwd_out)
+        rllibs = DQNTorchLearner.compute_loss_for_module(
+            learner, module_id="default_policy", config=config,
+            batch={**batch, "weights": torch.ones_like(batch["rewards"])}, fwd_out=fwd_out)
     torch.testing.assert_close(ours, rllibs)
