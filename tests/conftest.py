@@ -52,6 +52,17 @@ def mixture_dataset(ray_local, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def pendulum_dataset(ray_local, tmp_path_factory) -> Path:
+    """8 Pendulum episodes (continuous actions) of a half-random expert."""
+    from collectors.collect import collect
+
+    path = tmp_path_factory.mktemp("data") / "pendulum-medium"
+    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    collect("pendulum-medium", spec, CollectConfig(episodes_per_task=4), path)
+    return path
+
+
 @contextmanager
 def built_algorithm(algo: str, params, dataset_dir: Path):
     """The RLlib algorithm that trains `algo` with `params` on the dataset (seed 0), stopped afterwards."""

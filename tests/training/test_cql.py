@@ -11,8 +11,6 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from collectors import dataset
-from collectors.collect import collect
-from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col
 from collectors.errors import UserError
 from collectors.policies import ModulePolicy, load_rl_module
@@ -21,14 +19,6 @@ from training.algorithms import rllib_config
 from training.config import CQLParams, DQNParams
 
 BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
-
-
-@pytest.fixture(scope="module")
-def pendulum_dataset(ray_local, tmp_path_factory):
-    path = tmp_path_factory.mktemp("cql") / "pendulum-medium"
-    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="mixture", epsilon=0.5))
-    collect("pendulum-medium", spec, CollectConfig(episodes_per_task=4), path)
-    return path
 
 
 def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
