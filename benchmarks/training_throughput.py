@@ -5,7 +5,8 @@ optimizer, gradient clipping and loss (MARWIL's value targets bootstrapped at th
 does), with the whole dataset already in memory as tensors and batches drawn by random index. RLlib's number
 is the steady state (iterations after the first); start-up is the time from building the algorithm to the
 end of its first iteration (Ray already running). A third number feeds RLlib's learner batches made ahead:
-its ratio is the ceiling the data pipeline cannot raise. Hyper-parameters come from params.yaml's `algos`.
+its ratio is the ceiling the data pipeline cannot raise. The three loops take turns, one iteration's updates
+each. Hyper-parameters come from params.yaml's `algos`.
 
     python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
 """
@@ -54,103 +55,134 @@ def encoder(inputs: int, params: LearnerParams) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def plain_loop(algo: str, params: LearnerParams, table: pa.Table, updates: int, grad_clip: float | None) -> float:
-    """Samples/s of `updates` gradient steps of the algorithm's loss, data in memory; gradients clipped to a
-    global norm of `grad_clip` where RLlib's learner clips them (DQN)."""
-    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
-    obs, next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
-    actions = torch.as_tensor(arrays[Col.ACTIONS]).long()
-    rewards, done = torch.as_tensor(arrays[Col.REWARDS]), torch.as_tensor(arrays[Col.TERMINATEDS]).float()
-    n_actions, width = int(actions.max()) + 1, params.hidden_layers[-1]
-    body = encoder(obs.shape[1], params)
-    heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
-    critic_body = encoder(obs.shape[1], params)  # MARWIL's value function has its own layers
-    model = nn.ModuleDict({"body": body, "heads": heads, "critic_body": critic_body})
-    target = copy.deepcopy(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=params.lr, fused=True)  # as our learners run it
-    # MARWIL's value targets as its learner reads them: returns-to-go, bootstrapped where the time limit cut.
-    marwil_columns = with_returns(table, getattr(params, "gamma", 0.99))
-    returns, bootstrap_obs, bootstrap_discount = (torch.as_tensor(marwil_columns[f"{DEFAULT_MODULE_ID}/{name}"])
-                                                  for name in (VALUE_TARGETS, BOOTSTRAP_OBS, BOOTSTRAP_DISCOUNT))
+class PlainLoop:
+    """The algorithm's loss in a plain torch loop, data in memory; gradients clipped to a global norm of
+    `grad_clip` where RLlib's learner clips them (DQN). `run` times a number of updates; the network keeps
+    training across calls."""
 
+    def __init__(self, algo: str, params: LearnerParams, table: pa.Table, grad_clip: float | None):
+        arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
+        self.params, self.grad_clip, self.step = params, grad_clip, 0
+        self.obs, self.next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
+        self.actions = torch.as_tensor(arrays[Col.ACTIONS]).long()
+        self.rewards = torch.as_tensor(arrays[Col.REWARDS])
+        self.done = torch.as_tensor(arrays[Col.TERMINATEDS]).float()
+        n_actions, width = int(self.actions.max()) + 1, params.hidden_layers[-1]
+        self.body = encoder(self.obs.shape[1], params)
+        self.heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
+        self.critic_body = encoder(self.obs.shape[1], params)  # MARWIL's value function has its own layers
+        self.model = nn.ModuleDict({"body": self.body, "heads": self.heads, "critic_body": self.critic_body})
+        self.target = copy.deepcopy(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=params.lr, fused=True)  # as our learners
+        # MARWIL's value targets as its learner reads them: returns-to-go, bootstrapped where the time limit cut.
+        marwil_columns = with_returns(table, getattr(params, "gamma", 0.99))
+        self.returns, self.bootstrap_obs, self.bootstrap_discount = (
+            torch.as_tensor(marwil_columns[f"{DEFAULT_MODULE_ID}/{name}"])
+            for name in (VALUE_TARGETS, BOOTSTRAP_OBS, BOOTSTRAP_DISCOUNT))
+
+    @staticmethod
     def q_values(net, x):  # dueling: V + A - mean(A)
         h = net["body"](x)
         a = net["heads"]["pi"](h)
         return net["heads"]["vf"](h) + a - a.mean(dim=1, keepdim=True)
 
-    started = time.perf_counter()
-    for step in range(updates):
-        i = torch.randint(0, len(obs), (params.batch_size,))
+    def loss(self, i: torch.Tensor) -> torch.Tensor:
+        params = self.params
         if isinstance(params, DQNParams):
             with torch.no_grad():
-                best = q_values(model, next_obs[i]).argmax(1, keepdim=True)
-                y = rewards[i] + params.gamma * (1 - done[i]) * q_values(target, next_obs[i]).gather(1, best).squeeze(1)
-            loss = F.huber_loss(q_values(model, obs[i]).gather(1, actions[i, None]).squeeze(1), y)
-            if step % params.target_update_every == 0:
-                target.load_state_dict(model.state_dict())
-        else:
-            h = body(obs[i])
-            logp = torch.log_softmax(heads["pi"](h), dim=1).gather(1, actions[i, None]).squeeze(1)
-            if isinstance(params, MARWILParams):
-                with torch.no_grad():
-                    bootstrap = heads["vf"](critic_body(bootstrap_obs[i])).squeeze(1)
-                targets = returns[i] + bootstrap_discount[i] * bootstrap
-                value = heads["vf"](critic_body(obs[i])).squeeze(1)
-                weights = torch.exp(params.beta * (targets - value).detach()).clamp(max=20.0)
-                loss = -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, targets)
-            else:
-                loss = -logp.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        if grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-    return updates * params.batch_size / (time.perf_counter() - started)
+                best = self.q_values(self.model, self.next_obs[i]).argmax(1, keepdim=True)
+                next_q = self.q_values(self.target, self.next_obs[i]).gather(1, best).squeeze(1)
+                y = self.rewards[i] + params.gamma * (1 - self.done[i]) * next_q
+            if self.step % params.target_update_every == 0:
+                self.target.load_state_dict(self.model.state_dict())
+            return F.huber_loss(self.q_values(self.model, self.obs[i]).gather(1, self.actions[i, None]).squeeze(1), y)
+        logp = torch.log_softmax(self.heads["pi"](self.body(self.obs[i])), dim=1)
+        logp = logp.gather(1, self.actions[i, None]).squeeze(1)
+        if not isinstance(params, MARWILParams):
+            return -logp.mean()
+        with torch.no_grad():
+            bootstrap = self.heads["vf"](self.critic_body(self.bootstrap_obs[i])).squeeze(1)
+        targets = self.returns[i] + self.bootstrap_discount[i] * bootstrap
+        value = self.heads["vf"](self.critic_body(self.obs[i])).squeeze(1)
+        weights = torch.exp(params.beta * (targets - value).detach()).clamp(max=20.0)
+        return -(weights * logp).mean() + params.vf_coeff * F.mse_loss(value, targets)
+
+    def run(self, updates: int) -> float:
+        """Seconds for `updates` gradient steps."""
+        started = time.perf_counter()
+        for _ in range(updates):
+            loss = self.loss(torch.randint(0, len(self.obs), (self.params.batch_size,)))
+            self.optimizer.zero_grad()
+            loss.backward()
+            if self.grad_clip:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+        return time.perf_counter() - started
 
 
-def rllib_loop(algo: str, params: LearnerParams, spaces, dataset_dir: Path,
-               iterations: int) -> tuple[float, float, float]:
-    """(start-up seconds, steady-state samples/s, samples/s of the learner alone on batches made ahead)."""
+def measure(algo: str, params: LearnerParams, spaces, dataset_dir: Path, table: pa.Table,
+            iterations: int) -> tuple[float, float, float, float]:
+    """(start-up seconds, steady-state samples/s of RLlib, of its learner alone on batches made ahead, and of
+    the plain loop).
+
+    The three run in turn, one iteration's updates each, `iterations` rounds: this machine's speed drifts by
+    tens of percent over a minute, and timed one after the other they would each see a different machine.
+    """
     started = time.perf_counter()
     algorithm = rllib_config(algo, params, spaces, dataset_dir, seed=0).build_algo()
     try:
         algorithm.train()
         startup = time.perf_counter() - started
-        started = time.perf_counter()
+        plain = PlainLoop(algo, params, table, algorithm.config.grad_clip)
+        local_learner = params.num_learners == 0
+        learner = LearnerAlone(algorithm, params) if local_learner else None
+        seconds = {"rllib": 0.0, "learner": 0.0, "plain": 0.0}
         for _ in range(iterations):
+            started = time.perf_counter()
             algorithm.train()
-        samples = iterations * params.updates_per_iteration * params.batch_size * max(1, params.num_learners)
-        rate = samples / (time.perf_counter() - started)
-        learner_rate = (learner_alone(algorithm, params, iterations * params.updates_per_iteration)
-                        if params.num_learners == 0 else float("nan"))
+            seconds["rllib"] += time.perf_counter() - started
+            if local_learner:
+                seconds["learner"] += learner.run(params.updates_per_iteration)
+            seconds["plain"] += plain.run(params.updates_per_iteration)
     finally:
         algorithm.stop()
         del algorithm
         gc.collect()
-    return startup, rate, learner_rate
+    samples = iterations * params.updates_per_iteration * params.batch_size
+    return (startup, samples * max(1, params.num_learners) / seconds["rllib"],
+            samples / seconds["learner"] if local_learner else float("nan"), samples / seconds["plain"])
 
 
-def learner_alone(algorithm, params: LearnerParams, updates: int) -> float:
-    """Samples/s of RLlib's `Learner.update` on batches made ahead, with no data pipeline.
+class LearnerAlone:
+    """RLlib's `Learner.update` on batches made ahead, with no data pipeline (the local learner,
+    num_learners=0).
 
     The batches cycle through `AHEAD_BATCHES` distinct ones (a single batch, fitted over and over, drives the
-    network into a regime the real runs never see), and metrics are reduced once per iteration, as in training.
+    network into a regime the real runs never see), and metrics are reduced once per call, as once per
+    iteration in training.
     """
-    rng = np.random.default_rng(0)
-    data = algorithm.offline_data.data.take_batch(AHEAD_BATCHES * params.batch_size, batch_format="numpy")
-    rows = rng.permutation(AHEAD_BATCHES * params.batch_size).reshape(AHEAD_BATCHES, params.batch_size)
-    batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
-        {key.split("/", 1)[1]: torch.as_tensor(np.asarray(values)[picked]) for key, values in data.items()})},
-        env_steps=params.batch_size) for picked in rows]
-    learner = algorithm.learner_group._learner  # the local learner (num_learners=0)
-    started = time.perf_counter()
-    for update in range(updates):
-        learner.update(training_data=TrainingData(batch=batches[update % AHEAD_BATCHES]),
-                       minibatch_size=params.batch_size, num_epochs=1,
-                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0}, _no_metrics_reduce=True)
-        if (update + 1) % params.updates_per_iteration == 0:
-            learner.metrics.reduce()
-    return updates * params.batch_size / (time.perf_counter() - started)
+
+    def __init__(self, algorithm, params: LearnerParams):
+        rng = np.random.default_rng(0)
+        data = algorithm.offline_data.data.take_batch(AHEAD_BATCHES * params.batch_size, batch_format="numpy")
+        rows = rng.permutation(AHEAD_BATCHES * params.batch_size).reshape(AHEAD_BATCHES, params.batch_size)
+        self.batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
+            {key.split("/", 1)[1]: torch.as_tensor(np.asarray(values)[picked]) for key, values in data.items()})},
+            env_steps=params.batch_size) for picked in rows]
+        self.learner = algorithm.learner_group._learner
+        self.batch_size, self.updates = params.batch_size, 0
+
+    def run(self, updates: int) -> float:
+        """Seconds for `updates` updates."""
+        started = time.perf_counter()
+        for _ in range(updates):
+            batch = self.batches[self.updates % AHEAD_BATCHES]
+            self.learner.update(training_data=TrainingData(batch=batch), minibatch_size=self.batch_size,
+                                num_epochs=1, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0}, _no_metrics_reduce=True)
+            self.updates += 1
+        self.learner.metrics.reduce()
+        return time.perf_counter() - started
 
 
 def main() -> None:
@@ -173,13 +205,10 @@ def main() -> None:
             "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = params.algos.get(algo)
-        counts = args.learners or [algo_params.num_learners]
-        measured = [rllib_loop(algo, dataclasses.replace(algo_params, num_learners=learners), spaces, args.dataset,
-                               args.iterations) for learners in counts]
-        grad_clip = rllib_config(algo, algo_params, spaces, args.dataset, seed=0).grad_clip
-        plain_rate = plain_loop(algo, algo_params, table, args.iterations * algo_params.updates_per_iteration,
-                                grad_clip)
-        for learners, (startup, rllib_rate, learner_rate) in zip(counts, measured):
+        for learners in args.learners or [algo_params.num_learners]:
+            startup, rllib_rate, learner_rate, plain_rate = measure(
+                algo, dataclasses.replace(algo_params, num_learners=learners), spaces, args.dataset, table,
+                args.iterations)
             rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
                         f"{plain_rate:,.0f} | {rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
             print(rows[-1], file=sys.stderr, flush=True)
