@@ -3,7 +3,8 @@
 RLlib 2.60's DQN always samples env runners into a replay buffer; `offline_data` is built but never read.
 `OfflineDQN` keeps DQN's RLModule (dueling heads, target network) and learner (target updates), computes
 DQN's TD loss (double Q, Huber) for offline batches only, and replaces the training step with the one
-BC/MARWIL/CQL use: batches from `self.offline_data`, no env runners. n-step returns are summed from each episode's rows (`NStepData`).
+BC/MARWIL/CQL use: batches from `self.offline_data`, no env runners. n-step returns are summed from each
+episode's rows (`NStepData`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ For MARWIL it is also wrong: with each row its own episode, the "returns" that w
 r + gamma * V(s') with V frozen at the module's initial weights (the actor never receives updated weights),
 and half of every batch is padding rows masked out of the loss.
 
-`TransitionsData` and its subclasses map rows to the same flattened `default_policy/<column>` batch with
-the stateless numpy functions of training/batch_columns.py, in Ray Data tasks: MARWIL's adds discounted
-returns-to-go over each episode, DQN's n-step returns.
+`TransitionsData` and its subclasses map rows to the flattened `default_policy/<column>` batch each learner
+reads, with the stateless numpy functions of training/batch_columns.py, in Ray Data tasks: BC's observations
+and actions, MARWIL's discounted returns-to-go over each episode, DQN's n-step returns.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from ray.rllib.offline.offline_data import OfflineData
 
 from collectors import dataset
-from training.batch_columns import train_batch, with_n_step, with_returns, with_unit_actions
+from training.batch_columns import cloning_batch, with_n_step, with_returns, with_unit_actions
 
 
 class InMemoryBatches:
@@ -85,7 +85,7 @@ class TransitionsData(OfflineData):
         return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
                               module_state=module_state)
 
-    to_train_batch = staticmethod(train_batch)
+    to_train_batch = staticmethod(cloning_batch)  # BC's; the subclasses map their learners' batches
 
     def batch_kwargs(self, config) -> dict:
         return {}

@@ -16,7 +16,7 @@ from collectors.dataset import Col
 from pipelines.params import load_params
 from training import batch_columns
 from training.algorithms import rllib_config
-from training.batch_columns import N_STEP, flat, transitions, with_n_step, with_returns
+from training.batch_columns import N_STEP, cloning_batch, flat, transitions, with_n_step, with_returns
 from training.train_batches import InMemoryBatches, NStepData, ReturnsData, TransitionsData
 
 GAMMA = 0.5
@@ -153,7 +153,7 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
     batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
     rows = dataset.read_card(mixture_dataset).transitions
     assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
-    assert sorted(batches[0]) == sorted(flat(transitions(_rows(mixture_dataset, 0, 1))))
+    assert sorted(batches[0]) == sorted(cloning_batch(_rows(mixture_dataset, 0, 1)))  # BC's two columns
 
 
 def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
