@@ -10,12 +10,14 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png; `--update` keeps the cells
-(dataset, learner) not measured in this run.
+(dataset, learner) not measured in this run. `--updates-scale` gives every learner more gradient updates than
+params.yaml (sized for the default pipeline's CartPole data), ours and d3rlpy's alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import subprocess
@@ -83,8 +85,12 @@ def markdown(results: dict, columns: list[str]) -> str:
         cells = []
         for column in columns:
             scores = entry["scores"].get(column)
-            cells.append("" if scores is None else
-                         f"{np.mean(scores):.1f}" if len(scores) == 1 else f"{np.mean(scores):.1f} ± {np.std(scores):.1f}")
+            if scores is None:
+                cells.append("")
+                continue
+            cells.append(f"{np.mean(scores):.1f}" + (f" ± {np.std(scores):.1f}" if len(scores) > 1 else ""))
+            scale = entry.get("updates_scale", {}).get(column, 1)
+            cells[-1] += f" (×{scale} updates)" if scale != 1 else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -124,6 +130,9 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", help="the columns to measure, ours or d3rlpy's (e.g. bc cql d3rlpy-bc; "
                         "default: every learner for the action space)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--updates-scale", type=int, default=1,
+                        help="every learner (ours and d3rlpy's) makes this many times params.yaml's gradient updates; "
+                             "the table marks such cells")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
     args = parser.parse_args()
@@ -151,7 +160,9 @@ def main() -> None:
         learners = [(column, ours) for column, ours in learners if not args.algos or column in args.algos]
         for column, ours in learners:
             algo_params = params.algos.get(ours)
+            algo_params = dataclasses.replace(algo_params, iterations=algo_params.iterations * args.updates_scale)
             entry["scores"][column] = []
+            entry.setdefault("updates_scale", {})[column] = args.updates_scale
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
