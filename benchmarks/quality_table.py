@@ -90,7 +90,7 @@ def markdown(results: dict, columns: list[str]) -> str:
                 continue
             cells.append(f"{np.mean(scores):.1f}" + (f" ± {np.std(scores):.1f}" if len(scores) > 1 else ""))
             scale = entry.get("updates_scale", {}).get(column, 1)
-            cells[-1] += f" (×{scale} updates)" if scale != 1 else ""
+            cells[-1] += f" (×{scale})" if scale != 1 else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
