@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,7 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
     torch.set_num_threads(1)
     env = make_env(env_id)
     policy = build_policy(policy_config, env_id, env.action_space)
+    int_actions = isinstance(env.action_space, gym.spaces.Discrete)  # as the collectors step them
     episode, rng = 0, None
     obs, done = None, True
     started = time.perf_counter()
@@ -74,7 +76,7 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
             obs, _ = env.reset(seed=env_seed)
             episode += 1
         actions, _ = policy.act(obs[None], [rng], [env])
-        obs, _, terminated, truncated, _ = env.step(actions[0])
+        obs, _, terminated, truncated, _ = env.step(actions.tolist()[0] if int_actions else actions[0])
         done = terminated or truncated
     return steps / (time.perf_counter() - started)
 
