@@ -159,8 +159,8 @@ def main() -> None:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
         learners = [(column, ours) for column, ours in learners if not args.algos or column in args.algos]
         for column, ours in learners:
-            algo_params = params.algos.get(ours)
-            algo_params = dataclasses.replace(algo_params, iterations=algo_params.iterations * args.updates_scale)
+            base = params.algos.get(ours)
+            algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             entry["scores"][column] = []
             entry.setdefault("updates_scale", {})[column] = args.updates_scale
             for seed in args.seeds:

@@ -56,11 +56,11 @@ def encoder(inputs: int, params: LearnerParams) -> nn.Sequential:
 
 
 class PlainLoop:
-    """The algorithm's loss in a plain torch loop, data in memory; gradients clipped to a global norm of
-    `grad_clip` where RLlib's learner clips them (DQN). `run` times a number of updates; the network keeps
-    training across calls."""
+    """The loss of the algorithm `params` configures, in a plain torch loop, data in memory; gradients
+    clipped to a global norm of `grad_clip` where RLlib's learner clips them (DQN). `run` times a number of
+    updates; the network keeps training across calls."""
 
-    def __init__(self, algo: str, params: LearnerParams, table: pa.Table, grad_clip: float | None):
+    def __init__(self, params: LearnerParams, table: pa.Table, grad_clip: float | None):
         arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
         self.params, self.grad_clip, self.step = params, grad_clip, 0
         self.obs, self.next_obs = torch.as_tensor(arrays[Col.OBS]), torch.as_tensor(arrays[Col.NEW_OBS])
@@ -134,7 +134,7 @@ def measure(algo: str, params: LearnerParams, spaces, dataset_dir: Path, table: 
     try:
         algorithm.train()
         startup = time.perf_counter() - started
-        plain = PlainLoop(algo, params, table, algorithm.config.grad_clip)
+        plain = PlainLoop(params, table, algorithm.config.grad_clip)
         local_learner = params.num_learners == 0
         learner = LearnerAlone(algorithm, params) if local_learner else None
         seconds = {"rllib": 0.0, "learner": 0.0, "plain": 0.0}
