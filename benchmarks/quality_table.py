@@ -9,9 +9,10 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score) and OUT/quality.png; `--update` keeps the cells
-(dataset, learner) not measured in this run. `--updates-scale` gives every learner more gradient updates than
-params.yaml (sized for the default pipeline's CartPole data), ours and d3rlpy's alike.
+Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds and updates scale)
+and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run. `--updates-scale`
+gives every learner more gradient updates than params.yaml (sized for the default pipeline's CartPole data), ours
+and d3rlpy's alike.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def main() -> None:
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             entry["scores"][column] = []
             entry.setdefault("updates_scale", {})[column] = args.updates_scale
+            entry.setdefault("seeds", {})[column] = args.seeds
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
