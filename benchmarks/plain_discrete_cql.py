@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ray.rllib.core import DEFAULT_MODULE_ID
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,8 @@ def main() -> None:
     dataset_dir = args.datasets_dir / args.dataset
     card = dataset.read_card(dataset_dir)
     mapped = with_n_step(dataset.read_table(dataset_dir), n=1, gamma=args.gamma)
-    columns = {name.split("/")[-1]: torch.as_tensor(np.array(values)) for name, values in mapped.items()}
+    columns = {name: torch.as_tensor(np.array(mapped[f"{DEFAULT_MODULE_ID}/{name}"]))
+               for name in (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)}
     reference = read_reference(args.references, card.env_id, params.evaluate)
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     scores = []
