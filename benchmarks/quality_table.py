@@ -81,7 +81,12 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
 
 
 def markdown(results: dict, columns: list[str]) -> str:
+    """The table; a cell trained with more updates than params.yaml's, or on more or fewer seeds than most
+    cells, says so in parentheses."""
     lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    seed_counts = [len(scores) for entry in results.values() for column, scores in entry["scores"].items()
+                   if column != "behaviour"]
+    usual_seeds = max(set(seed_counts), key=seed_counts.count, default=0)
     for name, entry in results.items():
         cells = []
         for column in columns:
@@ -91,7 +96,9 @@ def markdown(results: dict, columns: list[str]) -> str:
                 continue
             cells.append(f"{np.mean(scores):.1f}" + (f" ± {np.std(scores):.1f}" if len(scores) > 1 else ""))
             scale = entry.get("updates_scale", {}).get(column, 1)
-            cells[-1] += f" (×{scale})" if scale != 1 else ""
+            notes = ([f"×{scale}"] if scale != 1 else []) + (
+                [f"{len(scores)} seeds"] if column != "behaviour" and len(scores) != usual_seeds else [])
+            cells[-1] += f" ({', '.join(notes)})" if notes else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
