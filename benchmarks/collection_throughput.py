@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from collectors.collect import collect  # noqa: E402
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
-from collectors.envs import env_spaces, make_env  # noqa: E402
+from collectors.envs import env_spaces, make_env, step_actions  # noqa: E402
 from collectors.policies import build_policy  # noqa: E402
 from collectors.rollout import EpisodeRunner, episode_seeds  # noqa: E402
 from pipelines.cli import start_ray  # noqa: E402
@@ -66,7 +65,6 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
     torch.set_num_threads(1)
     env = make_env(env_id)
     policy = build_policy(policy_config, env_id, env.action_space)
-    int_actions = isinstance(env.action_space, gym.spaces.Discrete)  # as the collectors step them
     episode, rng = 0, None
     obs, done = None, True
     started = time.perf_counter()
@@ -76,7 +74,8 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
             obs, _ = env.reset(seed=env_seed)
             episode += 1
         actions, _ = policy.act(obs[None], [rng], [env])
-        obs, _, terminated, truncated, _ = env.step(actions.tolist()[0] if int_actions else actions[0])
+        # Actions stepped as the collectors step them.
+        obs, _, terminated, truncated, _ = env.step(step_actions(actions, env.action_space)[0])
         done = terminated or truncated
     return steps / (time.perf_counter() - started)
 

@@ -64,6 +64,13 @@ def make_env(env_id: str) -> gym.Env:
         raise UserError(f"{env_id} needs an extra package ({err}); install the project's pinned requirements") from None
 
 
+def step_actions(actions: np.ndarray, action_space: gym.Space) -> list | np.ndarray:
+    """A batch of policy actions as `env.step` takes them fastest: Python ints for a Discrete space, where
+    gymnasium's check that an action is in the space takes 3 us for a numpy integer, about 40 % of a CartPole step
+    (8.3 against 5.0 us)."""
+    return actions.tolist() if isinstance(action_space, gym.spaces.Discrete) else actions
+
+
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     env = make_env(env_id)
     try:
