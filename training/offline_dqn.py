@@ -173,6 +173,7 @@ class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
         # DQNLearner syncs targets here, once per `update()` call: offline that is once per iteration of many
         # gradient updates, so the sync moved to `apply_gradients`.
         TorchLearner.after_gradient_based_update(self, timesteps=timesteps)
+        self._log_rows_trained()
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         """RLlib's DQN loss for what offline training uses of it: the TD loss of one Q-value per row, to a
