@@ -74,7 +74,8 @@ def test_log_softmax_categorical_equals_rllibs_categorical():
     torch.testing.assert_close(ours.entropy(), rllibs.entropy())  # built on demand
     assert ours.sample().shape == (64,)
     probs = torch.softmax(logits.detach(), dim=-1)
-    torch.testing.assert_close(LogSoftmaxCategorical(probs=probs).logp(actions), TorchCategorical(probs=probs).logp(actions))
+    torch.testing.assert_close(LogSoftmaxCategorical(probs=probs).logp(actions),
+                               TorchCategorical(probs=probs).logp(actions))
 
 
 def test_step_counters_of_an_update_equal_rllibs_per_minibatch_counters(expert_dataset, ray_local):
