@@ -171,7 +171,8 @@ class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
 
     def after_gradient_based_update(self, *, timesteps) -> None:
         # DQNLearner syncs targets here, once per `update()` call: offline that is once per iteration of many
-        # gradient updates, so the sync moved to `apply_gradients`.
+        # gradient updates, so the sync moved to `apply_gradients`. Skipping DQNLearner's also skips
+        # LeanTorchLearner's, whose step counters are logged here instead.
         TorchLearner.after_gradient_based_update(self, timesteps=timesteps)
         self._log_rows_trained()
 
