@@ -1,7 +1,8 @@
 """`orl`: the command every dvc.yaml stage and every user action goes through.
 
 Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
-work (collectors.collect.collect, training.train.train, training.evaluate.*, training.report.report).
+work (collectors.collect.collect, training.train.train, training.online.train_online, training.evaluate.*,
+training.report.report).
 """
 
 from __future__ import annotations
@@ -53,11 +54,22 @@ def cmd_train(args, params: Params) -> None:
     train(args.algo, algo_params, args.dataset, out, seed, params.train.checkpoint_every)
 
 
+def cmd_train_online(args, params: Params) -> None:
+    from training.online import train_online
+    from training.tracking import connect
+
+    config = params.online_policy(args.name)
+    connect()
+    start_ray(params.ray)
+    train_online(args.name, config, args.references, params.evaluate, args.out or Path("runs") / f"ppo-{args.name}")
+
+
 def cmd_reference(args, params: Params) -> None:
     from training.evaluate import measure_references
 
     start_ray(params.ray)
-    measure_references([d.env for d in params.all_datasets.values()], params.evaluate, args.out)
+    env_ids = [d.env for d in params.all_datasets.values()] + [p.env for p in params.online_policies.values()]
+    measure_references(env_ids, params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
@@ -116,6 +128,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run directory (default: runs/ALGO-DATASET)")
     p.add_argument("--seed", type=int, help="overrides train.seed")
     p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("train-online", help="train a behaviour policy online (PPO) up to a target score")
+    p.add_argument("name", help="key under `online_policies` in params.yaml")
+    p.add_argument("--references", type=Path, default=Path("references"))
+    p.add_argument("--out", type=Path, help="run directory (default: runs/ppo-NAME)")
+    p.set_defaults(handler=cmd_train_online)
 
     p = sub.add_parser("reference", help="measure random and expert returns on the evaluation seeds")
     p.add_argument("--out", type=Path, default=Path("references"))

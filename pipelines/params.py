@@ -13,7 +13,7 @@ from collectors.config import CollectConfig, DatasetConfig, require_positive
 from collectors.envs import check_env_id
 from collectors.errors import UserError
 from collectors.policies import is_mlflow_uri
-from training.config import AlgosConfig, EvaluateConfig, TrainConfig
+from training.config import AlgosConfig, EvaluateConfig, OnlinePolicyConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class Params:
     policy_datasets: dict[str, DatasetConfig] = field(default_factory=dict)
     """Datasets collected with a policy this pipeline trains (`policy.model`: a `runs/.../checkpoint`), by
     name; each becomes datasets/NAME once that run exists (dvc.yaml's collect_from_policy stage)."""
+    online_policies: dict[str, OnlinePolicyConfig] = field(default_factory=dict)
+    """Behaviour policies trained online (PPO) up to a target score, by name; each becomes runs/ppo-NAME, which
+    `policy_datasets` may collect with (dvc.yaml's train_online stage)."""
     ray: RayConfig = field(default_factory=RayConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -43,7 +46,7 @@ class Params:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
     def __post_init__(self):
-        for section in ("datasets", "policy_datasets"):
+        for section in ("datasets", "policy_datasets", "online_policies"):
             for name, spec in getattr(self, section).items():
                 try:
                     check_env_id(spec.env)
@@ -62,6 +65,11 @@ class Params:
     @property
     def all_datasets(self) -> dict[str, DatasetConfig]:
         return {**self.datasets, **self.policy_datasets}
+
+    def online_policy(self, name: str) -> OnlinePolicyConfig:
+        if name not in self.online_policies:
+            raise UserError(f"no online policy '{name}' in params.yaml: known are {', '.join(self.online_policies)}")
+        return self.online_policies[name]
 
     def dataset(self, name: str) -> DatasetConfig:
         if name not in self.all_datasets:

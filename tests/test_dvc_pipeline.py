@@ -41,6 +41,13 @@ def repo(tmp_path_factory) -> Path:
     params["policy_datasets"] = {"cartpole-learned": {
         "env": "CartPole-v1", "episodes": 10, "seed": 5,
         "policy": {"kind": "model", "model": "runs/dqn-cartpole-expert/checkpoint"}}}
+    # And with a PPO trained online to a low score: DVC must order reference -> train_online -> collect.
+    params["online_policies"] = {"cartpole-ppo": {
+        "env": "CartPole-v1", "target_score": 5, "max_env_steps": 50_000, "seed": 0, "batch_size": 1000,
+        "minibatch_size": 100, "epochs": 5, "score_episodes": 10}}
+    params["policy_datasets"]["cartpole-ppo"] = {
+        "env": "CartPole-v1", "episodes": 10, "seed": 6,
+        "policy": {"kind": "model", "model": "runs/ppo-cartpole-ppo/checkpoint"}}
     params["collect"]["episodes_per_task"] = 10
     params["train"]["datasets"] = ["cartpole-expert"]
     params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
@@ -54,8 +61,8 @@ def repo(tmp_path_factory) -> Path:
 
 
 def test_repro_produces_datasets_runs_and_report(repo):
-    assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {"cartpole-random", "cartpole-expert",
-                                                                             "cartpole-learned"}
+    assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {
+        "cartpole-random", "cartpole-expert", "cartpole-learned", "cartpole-ppo"}
     summary = (repo / "reports" / "summary.md").read_text()
     assert "| CartPole-v1 | cartpole-expert | bc |" in summary
     assert "| CartPole-v1 | cartpole-expert | dqn |" in summary
@@ -67,6 +74,10 @@ def test_repro_produces_datasets_runs_and_report(repo):
     assert "runs/dqn-cartpole-expert/checkpoint" in [dep["path"] for dep in learned["deps"]]
     card = dataset.read_card(repo / "datasets" / "cartpole-learned")
     assert card.behavior_policy["model"] == "runs/dqn-cartpole-expert/checkpoint" and card.episodes == 10
+    online = lock["stages"]["collect_from_policy@cartpole-ppo"]
+    assert "runs/ppo-cartpole-ppo/checkpoint" in [dep["path"] for dep in online["deps"]]
+    assert "references" in [dep["path"] for dep in lock["stages"]["train_online@cartpole-ppo"]["deps"]]
+    assert json.loads((repo / "runs" / "ppo-cartpole-ppo" / "train_metrics.json").read_text())["normalized_score"] >= 5
 
 
 def test_bc_and_marwil_clone_the_expert(repo):
@@ -81,8 +92,11 @@ def test_runs_are_in_the_default_sqlite_store(repo):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("CartPole-v1")
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.params["algo"] for r in runs) == ["bc", "dqn", "marwil"]
-    assert all("eval/normalized_score" in r.data.metrics for r in runs)
+    assert sorted(r.data.params["algo"] for r in runs) == ["bc", "dqn", "marwil", "ppo"]
+    offline = [r for r in runs if r.data.params["algo"] != "ppo"]
+    assert all("eval/normalized_score" in r.data.metrics for r in offline)
+    [online] = [r for r in runs if r.data.params["algo"] == "ppo"]
+    assert online.data.tags["purpose"] == "behaviour policy" and "normalized_score" in online.data.metrics
     assert (repo / "mlartifacts").is_dir()
     assert str(client.get_model_version_by_alias("CartPole-v1-marwil", "cartpole-expert").version) == "1"
 

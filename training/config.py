@@ -1,4 +1,5 @@
-"""Typed configuration of training and evaluation (the `train`, `algos` and `evaluate` sections of params.yaml).
+"""Typed configuration of training and evaluation (the `train`, `algos`, `online_policies` and `evaluate` sections
+of params.yaml).
 
 These are the public knobs; `training/algorithms.py` maps them onto RLlib's configs.
 """
@@ -199,6 +200,46 @@ class TrainConfig:
         unknown = [a for a in self.algos if a not in AlgosConfig.names()]
         if unknown:
             raise ValueError(f"unknown algorithms {unknown}: use some of {', '.join(AlgosConfig.names())}")
+
+
+@dataclass(frozen=True)
+class OnlinePolicyConfig:
+    """A behaviour policy trained online with RLlib's PPO and stopped part of the way, as D4RL's "medium"
+    policies are: collecting with its sampled actions gives data whose most likely actions are not an expert's."""
+
+    env: str
+    """Gymnasium environment id, e.g. LunarLander-v3."""
+    target_score: float
+    """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops:
+    the mean return of the last `score_episodes` training episodes, which sample their actions."""
+    max_env_steps: int
+    """Environment steps after which training gives up if the target is not reached (an error, no policy)."""
+    seed: int
+    """Seed of network initialisation, minibatch shuffling and the environments."""
+    score_episodes: int = 100
+    """Training episodes whose mean return is compared with the target."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    batch_size: int = 4000
+    """Environment steps sampled per PPO iteration."""
+    minibatch_size: int = 128
+    """Transitions per gradient update."""
+    epochs: int = 10
+    """Passes over each iteration's samples."""
+    hidden_layers: list[int] = field(default_factory=lambda: [64, 64])
+    """Sizes of the policy and value networks' hidden layers."""
+    env_runners: int = 1
+    """Ray actors sampling episodes (1 CPU each); the learner trains in the `orl` process. Raise on a cluster."""
+    envs_per_env_runner: int = 4
+    """Environments each actor steps at once."""
+
+    def __post_init__(self):
+        require_positive(self, "max_env_steps", "score_episodes", "lr", "batch_size", "minibatch_size", "epochs",
+                         "env_runners", "envs_per_env_runner")
+        if not self.target_score < 100:
+            raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
+        if not self.hidden_layers or min(self.hidden_layers) <= 0:
+            raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
 
 
 @dataclass(frozen=True)

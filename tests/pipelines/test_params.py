@@ -24,6 +24,8 @@ def test_the_default_params_parse():
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
     assert set(params.train.datasets) <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
+    assert params.online_policy("lunarlander-ppo").target_score == 40
+    assert params.dataset("lunarlander-ppo").policy.model == "runs/ppo-lunarlander-ppo/checkpoint"
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -42,6 +44,10 @@ def test_the_default_params_parse():
     (lambda p: p["algos"]["marwil"].update(advantage_norm_rate=0), r"advantage_norm_rate must be in \(0, 1\]"),
     (lambda p: p["algos"]["bc"].update(num_learners=-1), r"algos.bc: num_learners must be >= 0, got -1"),
     (lambda p: p["collect"].update(file_mib=0), r"collect: file_mib must be > 0, got 0"),
+    (lambda p: p["online_policies"]["lunarlander-ppo"].update(target_score=100),
+     r"online_policies.lunarlander-ppo: target_score must be below 100 \(the expert\), got 100"),
+    (lambda p: p["online_policies"]["lunarlander-ppo"].update(env="Lunar"),
+     r"online_policies.lunarlander-ppo.env: unknown env id 'Lunar'"),
 ])
 def test_bad_params_name_the_key(tmp_path, mutate, message):
     with pytest.raises(UserError, match=message) as err:

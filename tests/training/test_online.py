@@ -1,0 +1,66 @@
+"""`orl train-online`: PPO trained online until the target score, its checkpoint a behaviour policy to collect with;
+a target not reached in the step budget is an error that writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from collectors import dataset
+from collectors.collect import collect
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from collectors.errors import UserError
+from training.config import EvaluateConfig, OnlinePolicyConfig
+from training.online import train_online
+
+EVALUATE = EvaluateConfig()
+# Small PPO iterations, so the target is checked often.
+TINY = dict(env="CartPole-v1", seed=0, batch_size=1000, minibatch_size=100, epochs=5, score_episodes=10)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A directory holding CartPole's references, with MLflow's SQLite store and artifacts inside it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    reference = {"env_id": "CartPole-v1", "seed": EVALUATE.seed, "episodes": EVALUATE.episodes,
+                 "random": {"mean": 22.0}, "expert": {"mean": 500.0}}
+    (tmp_path / "references").mkdir()
+    (tmp_path / "references" / "CartPole-v1.json").write_text(json.dumps(reference))
+    return tmp_path
+
+
+def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
+    config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, **TINY)  # a return of about 70
+    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
+
+    assert final["normalized_score"] >= 10 and final["episodes"] >= 10
+    assert json.loads((workdir / "runs" / "ppo" / "train_metrics.json").read_text()) == final
+    curve = (workdir / "runs" / "ppo" / "learning_curve.csv").read_text().splitlines()
+    assert curve[0].startswith("iteration,env_steps,episodes,return_mean,normalized_score")
+    assert len(curve) - 1 == final["env_steps"] // 1000
+    [run] = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("CartPole-v1").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["target_score"] == "10"
+    assert run.data.tags["purpose"] == "behaviour policy"
+    assert run.data.metrics["normalized_score"] == pytest.approx(final["normalized_score"])
+
+    # The pipeline's collect_from_policy: the checkpoint samples its actions, and the card knows their log-probs.
+    spec = DatasetConfig(env="CartPole-v1", episodes=10, seed=5,
+                         policy=PolicyConfig(kind="model", model=str(workdir / "runs" / "ppo" / "checkpoint")))
+    card = collect("cartpole-ppo", spec, CollectConfig(episodes_per_task=5), workdir / "datasets" / "cartpole-ppo")
+    assert card.episodes == 10 and card.returns["mean"] > 22
+    logp = dataset.load_arrays(workdir / "datasets" / "cartpole-ppo")[dataset.Col.ACTION_LOGP]
+    assert np.all(logp <= 0) and logp.std() > 0  # a stochastic policy, neither greedy nor uniform
+
+
+def test_a_target_out_of_reach_fails_and_writes_nothing(ray_local, workdir):
+    config = OnlinePolicyConfig(target_score=99, max_env_steps=2_000, **TINY)
+    with pytest.raises(UserError, match=r"online_policies.cartpole-ppo: PPO reached .* in [\d,]+ env steps, short of "
+                                        r"target_score 99.*raise max_env_steps or lower target_score"):
+        train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
+    assert not (workdir / "runs" / "ppo").exists()
+    [run] = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("CartPole-v1").experiment_id])
+    assert run.info.status == "FAILED"
