@@ -23,6 +23,8 @@ from training.evaluate import normalized_score, read_reference
 from training.run_dir import RunDir, write_csv, write_json
 
 CURVE_METRIC = "normalized_score"
+# RLlib reports the mean return of the episodes that finished in each iteration, over at most this many.
+EPISODES_PER_ITERATION_MEAN = 100_000
 
 
 def ppo_config(config: OnlinePolicyConfig):
@@ -35,16 +37,16 @@ def ppo_config(config: OnlinePolicyConfig):
         .training(lr=config.lr, train_batch_size_per_learner=config.batch_size,
                   minibatch_size=config.minibatch_size, num_epochs=config.epochs)
         .rl_module(model_config={"fcnet_hiddens": list(config.hidden_layers)})
-        .reporting(metrics_num_episodes_for_smoothing=config.score_episodes)
+        .reporting(metrics_num_episodes_for_smoothing=EPISODES_PER_ITERATION_MEAN)
         .debugging(seed=config.seed)
     )
 
 
 def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Path, evaluate: EvaluateConfig,
                  out_dir: str | Path) -> dict:
-    """Trains until the mean return of the last `score_episodes` episodes reaches the target score; writes the
-    checkpoint, train_metrics.json and the learning curve. Raises UserError, writing nothing, if
-    `max_env_steps` pass first."""
+    """Trains until the mean return of the latest `score_episodes` episodes reaches the target score (see
+    `latest_mean`); writes the checkpoint, train_metrics.json and the learning curve. Raises UserError, writing
+    nothing, if `max_env_steps` pass first."""
     from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EPISODE_RETURN_MEAN, NUM_ENV_STEPS_SAMPLED_LIFETIME,
                                          NUM_EPISODES_LIFETIME)
 
@@ -59,7 +61,7 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env, "algo": "ppo",
                          "purpose": "behaviour policy"})
         algorithm = ppo_config(config).build_algo()
-        curve, started, score, env_steps = [], time.monotonic(), float("-inf"), 0
+        curve, started, score, env_steps, episodes, finished = [], time.monotonic(), float("-inf"), 0, 0, []
         while score < config.target_score:
             if env_steps >= config.max_env_steps:
                 algorithm.stop()
@@ -68,10 +70,13 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
                                 f"{config.target_score}; raise max_env_steps or lower target_score")
             result = algorithm.train()
             env_steps = int(result[NUM_ENV_STEPS_SAMPLED_LIFETIME])
-            episodes = int(result[ENV_RUNNER_RESULTS].get(NUM_EPISODES_LIFETIME, 0))
-            mean_return = float(result[ENV_RUNNER_RESULTS].get(EPISODE_RETURN_MEAN, float("nan")))
+            new_episodes = int(result[ENV_RUNNER_RESULTS].get(NUM_EPISODES_LIFETIME, 0)) - episodes
+            if new_episodes:
+                finished.append((new_episodes, float(result[ENV_RUNNER_RESULTS][EPISODE_RETURN_MEAN])))
+                episodes += new_episodes
+            count, mean_return = latest_mean(finished, config.score_episodes)
             # The window must be full before it counts: a few lucky first episodes are not a policy's level.
-            score = normalized_score(mean_return, reference) if episodes >= config.score_episodes else float("-inf")
+            score = normalized_score(mean_return, reference) if count >= config.score_episodes else float("-inf")
             curve.append({"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes,
                           "return_mean": mean_return, CURVE_METRIC: normalized_score(mean_return, reference),
                           "time_s": time.monotonic() - started})
@@ -92,3 +97,14 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     print(f"[{label}] done: score {final[CURVE_METRIC]:.1f} after {final['env_steps']:,} env steps, checkpoint "
           f"{run.checkpoint}", file=sys.stderr)
     return final
+
+
+def latest_mean(finished: list[tuple[int, float]], episodes: int) -> tuple[int, float]:
+    """(count, mean return) of the episodes that finished in the fewest latest iterations holding at least
+    `episodes` of them (all of them while there are fewer); `finished` holds (count, mean) per iteration."""
+    count, total = 0, 0.0
+    for n, mean in reversed(finished):
+        if count >= episodes:
+            break
+        count, total = count + n, total + n * mean
+    return count, (total / count if count else float("nan"))

@@ -14,7 +14,7 @@ from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.errors import UserError
 from training.config import EvaluateConfig, OnlinePolicyConfig
-from training.online import train_online
+from training.online import latest_mean, train_online
 
 EVALUATE = EvaluateConfig()
 # Small PPO iterations, so the target is checked often.
@@ -54,6 +54,14 @@ def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
     assert card.episodes == 10 and card.returns["mean"] > 22
     logp = dataset.load_arrays(workdir / "datasets" / "cartpole-ppo")[dataset.Col.ACTION_LOGP]
     assert np.all(logp <= 0) and logp.std() > 0  # a stochastic policy, neither greedy nor uniform
+
+
+def test_the_score_averages_the_latest_iterations_holding_enough_episodes():
+    finished = [(4, -500.0), (2, -300.0), (3, -100.0)]  # (episodes, mean return) per iteration, oldest first
+    assert latest_mean(finished, 3) == (3, -100.0)
+    assert latest_mean(finished, 4) == (5, -180.0)
+    assert latest_mean(finished, 20) == (9, pytest.approx(-2900 / 9))
+    assert latest_mean([], 5)[0] == 0
 
 
 def test_a_target_out_of_reach_fails_and_writes_nothing(ray_local, workdir):
