@@ -210,14 +210,15 @@ class OnlinePolicyConfig:
     env: str
     """Gymnasium environment id, e.g. LunarLander-v3."""
     target_score: float
-    """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops:
-    the mean return of the last `score_episodes` training episodes, which sample their actions."""
+    """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops,
+    of the mean return of the latest `score_episodes` training episodes (which sample their actions)."""
     max_env_steps: int
     """Environment steps after which training gives up if the target is not reached (an error, no policy)."""
     seed: int
     """Seed of network initialisation, minibatch shuffling and the environments."""
     score_episodes: int = 100
-    """Training episodes whose mean return is compared with the target."""
+    """Training episodes whose mean return is compared with the target: those of the fewest latest iterations
+    that hold at least this many."""
     lr: float = 3e-4
     """Adam learning rate."""
     batch_size: int = 4000
