@@ -8,7 +8,6 @@ expert, whose most likely action is always the expert's. `collect_from_policy` s
 from __future__ import annotations
 
 import dataclasses
-import gc
 import sys
 import time
 from pathlib import Path
@@ -47,10 +46,7 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     """Trains until the mean return of the latest `score_episodes` episodes reaches the target score (see
     `latest_mean`); writes the checkpoint, train_metrics.json and the learning curve. Raises UserError, writing
     nothing, if `max_env_steps` pass first."""
-    from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EPISODE_RETURN_MEAN, NUM_ENV_STEPS_SAMPLED_LIFETIME,
-                                         NUM_EPISODES_LIFETIME)
-
-    run, label = RunDir(Path(out_dir)), f"train-online {name}"
+    run = RunDir(Path(out_dir))
     refuse_to_overwrite(run.checkpoint)
     make_env(config.env).close()  # a missing extra (Box2D) fails here, not inside an env runner
     reference = read_reference(references_dir, config.env, evaluate)
@@ -61,42 +57,50 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env, "algo": "ppo",
                          "purpose": "behaviour policy"})
         algorithm = ppo_config(config).build_algo()
-        curve, started, score, env_steps, episodes, finished = [], time.monotonic(), float("-inf"), 0, 0, []
-        while score < config.target_score:
-            if env_steps >= config.max_env_steps:
-                algorithm.stop()
-                raise UserError(f"online_policies.{name}: PPO reached a normalized score of "
-                                f"{curve[-1][CURVE_METRIC]:.1f} in {env_steps:,} env steps, short of target_score "
-                                f"{config.target_score}; raise max_env_steps or lower target_score")
-            result = algorithm.train()
-            env_steps = int(result[NUM_ENV_STEPS_SAMPLED_LIFETIME])
-            new_episodes = int(result[ENV_RUNNER_RESULTS].get(NUM_EPISODES_LIFETIME, 0)) - episodes
-            if new_episodes:
-                finished.append((new_episodes, float(result[ENV_RUNNER_RESULTS][EPISODE_RETURN_MEAN])))
-                episodes += new_episodes
-            count, mean_return = latest_mean(finished, config.score_episodes)
-            # The window must be full before it counts: a few lucky first episodes are not a policy's level.
-            score = normalized_score(mean_return, reference) if count >= config.score_episodes else float("-inf")
-            curve.append({"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes,
-                          "return_mean": mean_return, CURVE_METRIC: normalized_score(mean_return, reference),
-                          "time_s": time.monotonic() - started})
-            mlflow.log_metrics({k: v for k, v in curve[-1].items() if k != "iteration"}, step=len(curve))
-            print(f"[{label}] iteration {len(curve)}: {env_steps:,} env steps, {episodes} episodes, return "
-                  f"{mean_return:.1f}, score {curve[-1][CURVE_METRIC]:.1f} of target {config.target_score} "
-                  f"({curve[-1]['time_s']:.1f}s)", file=sys.stderr, flush=True)
-        algorithm.save_to_path(run.checkpoint.resolve())
-        algorithm.stop()
-        del algorithm
-        gc.collect()
+        try:
+            curve = _train_to_target(algorithm, name, config, reference)
+            algorithm.save_to_path(run.checkpoint.resolve())
+        finally:
+            algorithm.stop()
 
         final = {k: v for k, v in curve[-1].items() if k != "iteration"}
         write_csv(run.learning_curve, curve)
         write_json(run.train_metrics, final)
         plots.learning_curves({f"ppo-online-{name}": curve}, CURVE_METRIC, run.learning_curve_plot)
         mlflow.log_artifact(str(run.learning_curve_plot), "plots")
-    print(f"[{label}] done: score {final[CURVE_METRIC]:.1f} after {final['env_steps']:,} env steps, checkpoint "
-          f"{run.checkpoint}", file=sys.stderr)
+    print(f"[train-online {name}] done: score {final[CURVE_METRIC]:.1f} after {final['env_steps']:,} env steps, "
+          f"checkpoint {run.checkpoint}", file=sys.stderr)
     return final
+
+
+def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict) -> list[dict]:
+    """PPO iterations until the target score; the learning curve, one row per iteration."""
+    from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EPISODE_RETURN_MEAN, NUM_ENV_STEPS_SAMPLED_LIFETIME,
+                                         NUM_EPISODES_LIFETIME)
+
+    curve, finished, episodes, started = [], [], 0, time.monotonic()
+    while True:
+        result = algorithm.train()
+        env_steps = int(result[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        new_episodes = int(result[ENV_RUNNER_RESULTS].get(NUM_EPISODES_LIFETIME, 0)) - episodes
+        if new_episodes:
+            finished.append((new_episodes, float(result[ENV_RUNNER_RESULTS][EPISODE_RETURN_MEAN])))
+            episodes += new_episodes
+        count, mean_return = latest_mean(finished, config.score_episodes)
+        score = normalized_score(mean_return, reference)
+        curve.append({"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes,
+                      "return_mean": mean_return, CURVE_METRIC: score, "time_s": time.monotonic() - started})
+        mlflow.log_metrics({k: v for k, v in curve[-1].items() if k != "iteration"}, step=len(curve))
+        print(f"[train-online {name}] iteration {len(curve)}: {env_steps:,} env steps, {episodes} episodes, "
+              f"return {mean_return:.1f}, score {score:.1f} of target {config.target_score} "
+              f"({curve[-1]['time_s']:.1f}s)", file=sys.stderr, flush=True)
+        # The window must be full before it counts: a few lucky first episodes are not a policy's level.
+        if count >= config.score_episodes and score >= config.target_score:
+            return curve
+        if env_steps >= config.max_env_steps:
+            raise UserError(f"online_policies.{name}: PPO reached a normalized score of {score:.1f} in "
+                            f"{env_steps:,} env steps, short of target_score {config.target_score}; raise "
+                            "max_env_steps or lower target_score")
 
 
 def latest_mean(finished: list[tuple[int, float]], episodes: int) -> tuple[int, float]:
