@@ -18,6 +18,11 @@ def _require_discount(gamma: float) -> None:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
 
 
+def _require_layer_sizes(hidden_layers: list[int]) -> None:
+    if not hidden_layers or min(hidden_layers) <= 0:
+        raise ValueError(f"hidden_layers must be positive sizes, got {hidden_layers}")
+
+
 @dataclass(frozen=True)
 class LearnerParams:
     """What every offline learner takes."""
@@ -65,8 +70,7 @@ class LearnerParams:
         for name in ("memory_cache_mib", "num_learners"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.hidden_layers or min(self.hidden_layers) <= 0:
-            raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
+        _require_layer_sizes(self.hidden_layers)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
 
@@ -239,8 +243,7 @@ class OnlinePolicyConfig:
                          "env_runners", "envs_per_env_runner")
         if not self.target_score < 100:
             raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
-        if not self.hidden_layers or min(self.hidden_layers) <= 0:
-            raise ValueError(f"hidden_layers must be positive sizes, got {self.hidden_layers}")
+        _require_layer_sizes(self.hidden_layers)
 
 
 @dataclass(frozen=True)
