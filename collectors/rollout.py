@@ -19,7 +19,7 @@ import ray
 from collectors.config import PolicyConfig
 from collectors.dataset import Col, arrow_schema, episode_stats, transitions_table
 from collectors.envs import make_env, step_actions
-from collectors.policies import RandomPolicy, build_policy, knows_logp, worker_env_vars
+from collectors.policies import Policy, RandomPolicy, build_policy, knows_logp, worker_env_vars
 
 
 def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
@@ -38,15 +38,17 @@ class EpisodeRunner:
     """Runs episodes under one behaviour policy on `num_envs` environments stepped in lockstep.
 
     Ray Data keeps one per collector actor and calls it with each task, so the environments and the policy
-    (a model, for neural ones) are built once per actor, not once per task.
+    (a model, for neural ones) are built once per actor, not once per task. `policy`, when given, is the one
+    `policy_config` describes, already built (`orl train-online` scores the module it is training).
     """
 
-    def __init__(self, env_id: str, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None):
+    def __init__(self, env_id: str, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None,
+                 policy: Policy | None = None):
         self.envs = [make_env(env_id) for _ in range(num_envs)]
         action_space = self.envs[0].action_space
         self.with_logp = knows_logp(policy_config, action_space)
         self.schema = arrow_schema(self.envs[0].observation_space, action_space, self.with_logp)
-        self.policy = build_policy(policy_config, env_id, action_space)
+        self.policy = policy or build_policy(policy_config, env_id, action_space)
         self.random_policy = RandomPolicy(action_space)
         self.random_episodes = policy_config.random_episodes
         self.seed = seed

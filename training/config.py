@@ -214,8 +214,9 @@ class OnlinePolicyConfig:
     env: str
     """Gymnasium environment id, e.g. LunarLander-v3."""
     target_score: float
-    """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops,
-    of the mean return of the latest `score_episodes` training episodes (which sample their actions)."""
+    """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops: of
+    the mean return of the latest `score_episodes` training episodes (which sample their actions), or of
+    `held_out_episodes` when set."""
     max_env_steps: int
     """Environment steps after which training gives up if the target is not reached (an error, no policy)."""
     seed: int
@@ -223,6 +224,14 @@ class OnlinePolicyConfig:
     score_episodes: int = 100
     """Training episodes whose mean return is compared with the target: those of the fewest latest iterations
     that hold at least this many."""
+    held_out_episodes: int = 0
+    """When > 0, the policy runs this many episodes after each iteration, sampling its actions as
+    collection will, and their mean return is the score compared with the target instead. The training
+    episodes' mean lags behind a policy that improves fast (Acrobot's PPO doubles its score in one iteration
+    while the mean still holds episodes of the policies before)."""
+    held_out_seed: int = 2_000_000
+    """Seed of the held-out episodes (see rollout's `episode_seeds`); keep it apart from collection and
+    evaluation seeds."""
     lr: float = 3e-4
     """Adam learning rate."""
     batch_size: int = 4000
@@ -241,6 +250,9 @@ class OnlinePolicyConfig:
     def __post_init__(self):
         require_positive(self, "max_env_steps", "score_episodes", "lr", "batch_size", "minibatch_size", "epochs",
                          "env_runners", "envs_per_env_runner")
+        if self.held_out_episodes < 0:
+            raise ValueError(f"held_out_episodes must be >= 0 (0 scores the training episodes), "
+                             f"got {self.held_out_episodes}")
         if not self.target_score < 100:
             raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
         _require_layer_sizes(self.hidden_layers)

@@ -13,9 +13,14 @@ import time
 from pathlib import Path
 
 import mlflow
+import numpy as np
 
+from collectors.config import PolicyConfig
+from collectors.dataset import episode_stats
 from collectors.envs import make_env
 from collectors.errors import UserError, refuse_to_overwrite
+from collectors.policies import ModulePolicy
+from collectors.rollout import EpisodeRunner
 from training import plots, tracking
 from training.config import EvaluateConfig, OnlinePolicyConfig
 from training.evaluate import normalized_score, read_reference
@@ -43,9 +48,10 @@ def ppo_config(config: OnlinePolicyConfig):
 
 def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Path, evaluate: EvaluateConfig,
                  out_dir: str | Path) -> dict:
-    """Trains until the mean return of the latest `score_episodes` episodes reaches the target score (see
-    `latest_mean`); writes the checkpoint, train_metrics.json and the learning curve. Raises UserError, writing
-    nothing, if `max_env_steps` pass first."""
+    """Trains until the mean return of the latest `score_episodes` training episodes (see `latest_mean`), or of
+    the held-out episodes after an iteration, reaches the target score; writes the checkpoint,
+    train_metrics.json and the learning curve. Raises UserError, writing nothing, if `max_env_steps` pass
+    first."""
     run = RunDir(Path(out_dir))
     refuse_to_overwrite(run.checkpoint)
     make_env(config.env).close()  # a missing extra (Box2D) fails here, not inside an env runner
@@ -58,7 +64,7 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
                          "purpose": "behaviour policy"})
         algorithm = ppo_config(config).build_algo()
         try:
-            curve = _train_to_target(algorithm, name, config, reference)
+            curve = _train_to_target(algorithm, name, config, reference, run.checkpoint)
             algorithm.save_to_path(run.checkpoint.resolve())
         finally:
             algorithm.stop()
@@ -73,7 +79,8 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     return final
 
 
-def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict) -> list[dict]:
+def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict,
+                     checkpoint: Path) -> list[dict]:
     """PPO iterations until the target score; the learning curve, one row per iteration."""
     from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EPISODE_RETURN_MEAN, NUM_ENV_STEPS_SAMPLED_LIFETIME,
                                          NUM_EPISODES_LIFETIME)
@@ -87,20 +94,40 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
             finished.append((new_episodes, float(result[ENV_RUNNER_RESULTS][EPISODE_RETURN_MEAN])))
             episodes += new_episodes
         count, mean_return = latest_mean(finished, config.score_episodes)
-        score = normalized_score(mean_return, reference)
-        curve.append({"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes,
-                      "return_mean": mean_return, CURVE_METRIC: score, "time_s": time.monotonic() - started})
-        mlflow.log_metrics({k: v for k, v in curve[-1].items() if k != "iteration"}, step=len(curve))
+        row = {"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes, "return_mean": mean_return}
+        if config.held_out_episodes:
+            held_out_return = float(np.mean(held_out_returns(algorithm, config, checkpoint)))
+            row.update(held_out_return_mean=held_out_return,
+                       training_score=normalized_score(mean_return, reference))
+            score, scored_by = normalized_score(held_out_return, reference), "held-out episodes"
+            scored = True  # all of them ran the current policy
+        else:
+            score, scored_by = normalized_score(mean_return, reference), "training episodes"
+            # The window must be full before it counts: a few lucky first episodes are not a policy's level.
+            scored = count >= config.score_episodes
+        row.update({CURVE_METRIC: score, "time_s": time.monotonic() - started})
+        curve.append(row)
+        mlflow.log_metrics({k: v for k, v in row.items() if k != "iteration"}, step=len(curve))
         print(f"[train-online {name}] iteration {len(curve)}: {env_steps:,} env steps, {episodes} episodes, "
-              f"return {mean_return:.1f}, score {score:.1f} of target {config.target_score} "
-              f"({curve[-1]['time_s']:.1f}s)", file=sys.stderr, flush=True)
-        # The window must be full before it counts: a few lucky first episodes are not a policy's level.
-        if count >= config.score_episodes and score >= config.target_score:
+              f"training return {mean_return:.1f}, score {score:.1f} ({scored_by}) of target "
+              f"{config.target_score} ({row['time_s']:.1f}s)", file=sys.stderr, flush=True)
+        if scored and score >= config.target_score:
             return curve
         if env_steps >= config.max_env_steps:
             raise UserError(f"online_policies.{name}: PPO reached a normalized score of {score:.1f} in "
                             f"{env_steps:,} env steps, short of target_score {config.target_score}; raise "
                             "max_env_steps or lower target_score")
+
+
+def held_out_returns(algorithm, config: OnlinePolicyConfig, checkpoint: Path) -> np.ndarray:
+    """Returns of `held_out_episodes` episodes of the policy in training, sampling its actions as
+    collect_from_policy will sample the checkpoint's, seeded from `held_out_seed` as collection seeds episodes."""
+    module = algorithm.get_module()  # the inference module, synced with the learner's after each iteration
+    policy_config = PolicyConfig(kind="model", model=str(checkpoint))
+    runner = EpisodeRunner(config.env, policy_config, config.held_out_seed, config.envs_per_env_runner,
+                           policy=ModulePolicy(module, module.action_space, greedy=False))
+    returns, _ = episode_stats(runner.run(list(range(config.held_out_episodes))))
+    return returns
 
 
 def latest_mean(finished: list[tuple[int, float]], episodes: int) -> tuple[int, float]:

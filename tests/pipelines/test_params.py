@@ -46,6 +46,8 @@ def test_the_default_params_parse():
     (lambda p: p["collect"].update(file_mib=0), r"collect: file_mib must be > 0, got 0"),
     (lambda p: p["online_policies"]["lunarlander-ppo"].update(target_score=100),
      r"online_policies.lunarlander-ppo: target_score must be below 100 \(the expert\), got 100"),
+    (lambda p: p["online_policies"]["lunarlander-ppo"].update(held_out_episodes=-1),
+     r"online_policies.lunarlander-ppo: held_out_episodes must be >= 0 \(0 scores the training episodes\), got -1"),
     (lambda p: p["online_policies"]["lunarlander-ppo"].update(env="Lunar"),
      r"online_policies.lunarlander-ppo.env: unknown env id 'Lunar'"),
 ])

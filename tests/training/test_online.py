@@ -13,6 +13,7 @@ from collectors import dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.errors import UserError
+from collectors.rollout import rollout_returns
 from training.config import EvaluateConfig, OnlinePolicyConfig
 from training.online import latest_mean, train_online
 
@@ -54,6 +55,22 @@ def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
     assert card.episodes == 10 and card.returns["mean"] > 22
     logp = dataset.load_arrays(workdir / "datasets" / "cartpole-ppo")[dataset.Col.ACTION_LOGP]
     assert np.all(logp <= 0) and logp.std() > 0  # a stochastic policy, neither greedy nor uniform
+
+
+def test_held_out_episodes_score_the_checkpoint_that_stops_training(ray_local, workdir):
+    config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, held_out_episodes=10, **TINY)
+    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
+
+    assert final["normalized_score"] >= 10
+    assert final["normalized_score"] == pytest.approx(100 * (final["held_out_return_mean"] - 22) / (500 - 22))
+    curve = (workdir / "runs" / "ppo" / "learning_curve.csv").read_text().splitlines()
+    assert curve[0] == ("iteration,env_steps,episodes,return_mean,held_out_return_mean,training_score,"
+                        "normalized_score,time_s")
+    # The saved checkpoint is the policy that was scored: its episodes on the held-out seeds return the same.
+    checkpoint = PolicyConfig(kind="model", model=str(workdir / "runs" / "ppo" / "checkpoint"))
+    returns = rollout_returns("CartPole-v1", checkpoint, config.held_out_seed, config.held_out_episodes,
+                              num_workers=1, label="re-score")
+    assert returns.mean() == pytest.approx(final["held_out_return_mean"])
 
 
 def test_the_score_averages_the_latest_iterations_holding_enough_episodes():
