@@ -12,7 +12,8 @@ d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3r
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds and updates scale)
 and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run. `--updates-scale`
 gives every learner more gradient updates than params.yaml (sized for the default pipeline's CartPole data), ours
-and d3rlpy's alike.
+and d3rlpy's alike. `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a
+stochastic behaviour policy acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
 D3RLPY_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql_dqn"}
 D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql"}
 COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS), *D3RLPY_COUNTERPART]
+# The learners whose policy is a distribution over actions, which `--sample-actions` samples.
+POLICY_ALGOS = ["bc", "marwil"]
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
@@ -81,8 +84,8 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
 
 
 def markdown(results: dict, columns: list[str]) -> str:
-    """The table; a cell trained with more updates than params.yaml's, or on more or fewer seeds than most
-    cells, says so in parentheses."""
+    """The table; a cell trained with more updates than params.yaml's, evaluated sampling its actions, or on
+    more or fewer seeds than most cells, says so in parentheses."""
     lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     seed_counts = [len(scores) for entry in results.values() for column, scores in entry["scores"].items()
                    if column != "behaviour"]
@@ -97,6 +100,7 @@ def markdown(results: dict, columns: list[str]) -> str:
             cells.append(f"{np.mean(scores):.1f}" + (f" ± {np.std(scores):.1f}" if len(scores) > 1 else ""))
             scale = entry.get("updates_scale", {}).get(column, 1)
             notes = ([f"×{scale}"] if scale != 1 else []) + (
+                ["sampled"] if entry.get("sampled", {}).get(column) else []) + (
                 [f"{len(scores)} seeds"] if column != "behaviour" and len(scores) != usual_seeds else [])
             cells[-1] += f" ({', '.join(notes)})" if notes else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
@@ -143,7 +147,13 @@ def main() -> None:
                              "the table marks such cells")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
+    parser.add_argument("--sample-actions", action="store_true",
+                        help=f"evaluate {' and '.join(POLICY_ALGOS)} sampling their actions instead of greedily "
+                             "(needs --algos naming only those)")
     args = parser.parse_args()
+    if args.sample_actions and not (args.algos and set(args.algos) <= set(POLICY_ALGOS)):
+        parser.error(f"--sample-actions needs --algos naming only {', '.join(POLICY_ALGOS)}: the Q-learners' "
+                     "policy is the greedy one, and d3rlpy's DiscreteBC only acts greedily")
 
     params = load_params(args.params)
     start_ray(params.ray)
@@ -172,6 +182,7 @@ def main() -> None:
             entry["scores"][column] = []
             entry.setdefault("updates_scale", {})[column] = args.updates_scale
             entry.setdefault("seeds", {})[column] = args.seeds
+            entry.setdefault("sampled", {})[column] = args.sample_actions
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
@@ -179,7 +190,8 @@ def main() -> None:
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
                         train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint")
-                        policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"), greedy=True)
+                        policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
+                                              greedy=not args.sample_actions)
                         returns = rollout_returns(card.env_id, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}")
                 score = normalized_score(float(np.mean(returns)), reference)
