@@ -86,6 +86,7 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
                                          NUM_EPISODES_LIFETIME)
 
     curve, finished, episodes, started = [], [], 0, time.monotonic()
+    held_out = held_out_runner(algorithm, config, checkpoint) if config.held_out_episodes else None
     while True:
         result = algorithm.train()
         env_steps = int(result[NUM_ENV_STEPS_SAMPLED_LIFETIME])
@@ -95,8 +96,9 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
             episodes += new_episodes
         count, mean_return = latest_mean(finished, config.score_episodes)
         row = {"iteration": len(curve) + 1, "env_steps": env_steps, "episodes": episodes, "return_mean": mean_return}
-        if config.held_out_episodes:
-            held_out_return = float(np.mean(held_out_returns(algorithm, config, checkpoint)))
+        if held_out is not None:
+            held_out_returns, _ = episode_stats(held_out.run(list(range(config.held_out_episodes))))
+            held_out_return = float(np.mean(held_out_returns))
             row.update(held_out_return_mean=held_out_return,
                        training_score=normalized_score(mean_return, reference))
             score, scored_by = normalized_score(held_out_return, reference), "held-out episodes"
@@ -119,15 +121,13 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
                             "max_env_steps or lower target_score")
 
 
-def held_out_returns(algorithm, config: OnlinePolicyConfig, checkpoint: Path) -> np.ndarray:
-    """Returns of `held_out_episodes` episodes of the policy in training, sampling its actions as
-    collect_from_policy will sample the checkpoint's, seeded from `held_out_seed` as collection seeds episodes."""
-    module = algorithm.get_module()  # the inference module, synced with the learner's after each iteration
-    policy_config = PolicyConfig(kind="model", model=str(checkpoint))
-    runner = EpisodeRunner(config.env, policy_config, config.held_out_seed, config.envs_per_env_runner,
-                           policy=ModulePolicy(module, module.action_space, greedy=False))
-    returns, _ = episode_stats(runner.run(list(range(config.held_out_episodes))))
-    return returns
+def held_out_runner(algorithm, config: OnlinePolicyConfig, checkpoint: Path) -> EpisodeRunner:
+    """Runs episodes of the policy in training, sampling its actions as collect_from_policy will sample the
+    checkpoint's, seeded from `held_out_seed` as collection seeds its episodes."""
+    # The local env runner's inference module, whose weights RLlib overwrites in place after each iteration.
+    module = algorithm.get_module()
+    return EpisodeRunner(config.env, PolicyConfig(kind="model", model=str(checkpoint)), config.held_out_seed,
+                         config.envs_per_env_runner, policy=ModulePolicy(module, module.action_space, greedy=False))
 
 
 def latest_mean(finished: list[tuple[int, float]], episodes: int) -> tuple[int, float]:
