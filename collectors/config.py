@@ -28,6 +28,11 @@ class PolicyConfig:
     """For `model`: a `orl train` checkpoint directory, or an MLflow model URI (models:/NAME@ALIAS, runs:/...)."""
     greedy: bool = False
     """For `model`: take the most likely action instead of sampling from the policy."""
+    action_noise: float = 0.0
+    """For `expert` and `mixture` on continuous actions: standard deviation of Gaussian noise added to the
+    expert's action, as a fraction of half the action range, then clipped to the bounds. The noisy expert strays
+    from its own path and steers back, so the data shows how to recover (DART; D4RL's expert data comes from a
+    policy that samples its actions). 0 keeps the expert deterministic."""
     random_episodes: float = 0.0
     """Fraction of episodes, drawn per episode, that the uniform random policy runs from start to end instead:
     D4RL-style mixed data (e.g. a medium policy's episodes plus random ones). In [0, 1]."""
@@ -37,6 +42,10 @@ class PolicyConfig:
             raise ValueError(f"kind '{self.kind}' is unknown; use one of {', '.join(POLICY_KINDS)}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon {self.epsilon} is out of range; use a value in [0, 1]")
+        if self.action_noise < 0.0:
+            raise ValueError(f"action_noise {self.action_noise} is negative; use 0 (none) or a positive std")
+        if self.action_noise and self.kind not in ("expert", "mixture"):
+            raise ValueError(f"action_noise applies to kinds 'expert' and 'mixture', not '{self.kind}'")
         if not 0.0 <= self.random_episodes <= 1.0:
             raise ValueError(f"random_episodes {self.random_episodes} is out of range; use a value in [0, 1]")
         if self.kind == "model" and not self.model:

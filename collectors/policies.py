@@ -45,12 +45,23 @@ class RandomPolicy(Policy):
 
 
 class ExpertPolicy(Policy):
-    def __init__(self, env_id: str, action_space: gym.Space):
+    """The env's hand-written controller; on continuous actions, optionally with Gaussian noise of
+    `noise` × half the action range (clipped to the bounds, so its density is moot)."""
+
+    def __init__(self, env_id: str, action_space: gym.Space, noise: float = 0.0):
         self.expert = EXPERTS[env_id]
+        self.space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if noise and self.discrete:
+            raise UserError(f"action_noise applies to continuous actions; {env_id}'s are discrete: "
+                            "use kind 'mixture' with epsilon instead")
+        self.noise_std = noise * (action_space.high - action_space.low) / 2 if noise else None
 
     def act(self, obs, rngs, envs):
         actions = np.array([self.expert(o, env) for o, env in zip(obs, envs)])
+        if self.noise_std is not None:
+            noise = np.stack([rng.standard_normal(actions.shape[1]) for rng in rngs]) * self.noise_std
+            actions = np.clip(actions + noise, self.space.low, self.space.high).astype(np.float32)
         # A deterministic discrete choice has probability 1; a point mass has no density.
         return actions, (np.zeros(len(obs), dtype=np.float32) if self.discrete else None)
 
@@ -58,8 +69,8 @@ class ExpertPolicy(Policy):
 class MixturePolicy(Policy):
     """The expert, except a uniformly random action with probability epsilon."""
 
-    def __init__(self, env_id: str, action_space: gym.Space, epsilon: float):
-        self.expert = ExpertPolicy(env_id, action_space)
+    def __init__(self, env_id: str, action_space: gym.Space, epsilon: float, noise: float = 0.0):
+        self.expert = ExpertPolicy(env_id, action_space, noise)
         self.random = RandomPolicy(action_space)
         self.epsilon = epsilon
         self.n = action_space.n if isinstance(action_space, gym.spaces.Discrete) else None
@@ -177,9 +188,9 @@ def build_policy(config: PolicyConfig, env_id: str, action_space: gym.Space) -> 
     if config.kind == "random":
         return RandomPolicy(action_space)
     if config.kind == "expert":
-        return ExpertPolicy(env_id, action_space)
+        return ExpertPolicy(env_id, action_space, config.action_noise)
     if config.kind == "mixture":
-        return MixturePolicy(env_id, action_space, config.epsilon)
+        return MixturePolicy(env_id, action_space, config.epsilon, config.action_noise)
     if is_mlflow_uri(config.model):
         return MLflowPolicy(config.model, action_space)
     return ModulePolicy(load_rl_module(config.model), action_space, config.greedy)

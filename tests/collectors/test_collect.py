@@ -12,6 +12,7 @@ from collectors import dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.dataset import Col
+from collectors.envs import EXPERTS
 from collectors.errors import UserError
 from tests.conftest import TINY_COLLECT
 
@@ -35,7 +36,7 @@ def test_mixture_logs_the_behaviour_log_probability(mixture_dataset):
     np.testing.assert_allclose(np.unique(prob.round(6)), [0.25, 0.75])
     card = dataset.read_card(mixture_dataset)
     assert card.behavior_policy == {"kind": "mixture", "epsilon": 0.5, "model": "", "greedy": False,
-                                    "random_episodes": 0.0}
+                                    "action_noise": 0.0, "random_episodes": 0.0}
 
 
 def test_mixed_data_runs_whole_episodes_by_one_policy_or_the_other(ray_local, tmp_path):
@@ -49,6 +50,28 @@ def test_mixed_data_runs_whole_episodes_by_one_policy_or_the_other(ray_local, tm
     # Which episodes are random depends on the seed only, not on how episodes share actors and envs.
     collect("mixed", spec, CollectConfig(num_collectors=1, envs_per_collector=3, episodes_per_task=8), tmp_path / "b")
     assert file_hashes(tmp_path / "a") == file_hashes(tmp_path / "b")
+
+
+def test_action_noise_perturbs_the_continuous_expert_by_its_std_and_is_seeded(ray_local, tmp_path):
+    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="expert", action_noise=0.1))
+    collect("noisy", spec, CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=2), tmp_path / "a")
+    arrays = dataset.load_arrays(tmp_path / "a")
+    expert = np.array([EXPERTS["Pendulum-v1"](obs, None) for obs in arrays[Col.OBS]])
+    actions = arrays[Col.ACTIONS]
+    assert actions.min() >= -2.0 and actions.max() <= 2.0
+    # Where neither the expert nor the noisy action sits at a bound, the difference is the noise: std 0.1 x 2.
+    inside = (np.abs(expert) < 2.0) & (np.abs(actions) < 2.0)
+    assert inside.sum() > 300
+    assert np.std(actions[inside] - expert[inside]) == pytest.approx(0.2, rel=0.2)
+    collect("noisy", spec, CollectConfig(num_collectors=1, envs_per_collector=3, episodes_per_task=3), tmp_path / "b")
+    assert file_hashes(tmp_path / "a") == file_hashes(tmp_path / "b")
+
+
+def test_action_noise_on_discrete_actions_says_to_use_a_mixture(ray_local, tmp_path):
+    spec = DatasetConfig(env="CartPole-v1", episodes=2, seed=0, policy=PolicyConfig(kind="expert", action_noise=0.1))
+    with pytest.raises(UserError, match="action_noise applies to continuous actions; CartPole-v1's are discrete"):
+        collect("noisy", spec, TINY_COLLECT, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("env_id,obs_dim,logp", [
