@@ -41,7 +41,7 @@ from collectors.rollout import episode_seeds, rollout_returns  # noqa: E402
 from pipelines.cli import start_ray  # noqa: E402
 from pipelines.params import load_params  # noqa: E402
 from training.algorithms import rllib_config  # noqa: E402
-from training.config import CQLParams, DQNParams, LearnerParams  # noqa: E402
+from training.config import POLICY_ALGOS, CQLParams, DQNParams, LearnerParams  # noqa: E402
 from training.evaluate import measure_references, normalized_score, read_reference  # noqa: E402
 
 DISCRETE_ALGOS = ["bc", "marwil", "dqn", "cql_dqn"]
@@ -50,8 +50,6 @@ CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
 D3RLPY_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql_dqn"}
 D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql"}
 COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS), *D3RLPY_COUNTERPART]
-# The learners whose policy is a distribution over actions, which `--sample-actions` samples.
-POLICY_ALGOS = ["bc", "marwil"]
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:

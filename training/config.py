@@ -258,6 +258,11 @@ class OnlinePolicyConfig:
         _require_layer_sizes(self.hidden_layers)
 
 
+# The learners whose policy is a distribution over discrete or continuous actions to sample from. The others
+# act on the argmax of their Q-values (DQN, conservative DQN) or, for CQL, the mean of SAC's squashed Gaussian.
+POLICY_ALGOS = ("bc", "marwil")
+
+
 @dataclass(frozen=True)
 class EvaluateConfig:
     """How trained policies (and the random/expert references) are evaluated."""
@@ -268,6 +273,10 @@ class EvaluateConfig:
     """Evaluation seed; keep it apart from collection seeds so evaluation starts are unseen."""
     num_workers: int = 2
     """Ray actors running evaluation episodes in parallel."""
+    sample_actions: bool = False
+    """BC and MARWIL sample their actions, as a behaviour policy that samples its own did to make the data,
+    instead of taking the most likely one (as d3rlpy and most papers evaluate). On data from such a policy the
+    two readings differ most (README's quality table). The other learners always act greedily."""
 
     def __post_init__(self):
         require_positive(self, "episodes", "num_workers")

@@ -17,7 +17,7 @@ from collectors.dataset import summarize
 from collectors.errors import UserError
 from collectors.rollout import rollout_returns
 from training import plots, tracking
-from training.config import EvaluateConfig
+from training.config import POLICY_ALGOS, EvaluateConfig
 from training.run_dir import RunDir, write_csv, write_json
 
 REFERENCE_POLICIES = ("random", "expert")
@@ -57,29 +57,32 @@ def normalized_score(mean_return: float, reference: dict) -> float:
 
 
 def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateConfig) -> dict:
-    """Evaluates the greedy policy of a training run; writes eval.json and logs it to the run's MLflow run."""
+    """Evaluates the policy of a training run, greedy unless `config.sample_actions` (BC and MARWIL); writes
+    eval.json and logs it to the run's MLflow run."""
     run = RunDir(Path(run_dir))
     if not run.run_info.is_file():
         raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
     info = run.info()
     reference = read_reference(references_dir, info["env_id"], config)
     tracking.connect()  # before the episodes, so an unreachable server fails fast
-    policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=True)
+    sampled = config.sample_actions and info["algo"] in POLICY_ALGOS
+    policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
     returns = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
                               label=f"evaluate {run.path.name}")
     stats = summarize(returns)
     metrics = {f"return_{k}": v for k, v in stats.items()}
     metrics["normalized_score"] = normalized_score(stats["mean"], reference)
     metrics["episodes"] = len(returns)
-    write_json(run.eval_metrics, metrics)
+    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled})
     write_csv(run.eval_returns, [{"episode": i, "return": float(r)} for i, r in enumerate(returns)])
     plots.return_distributions({run.path.name: list(returns)},
                                {k: reference[k]["mean"] for k in REFERENCE_POLICIES}, run.eval_returns_plot)
 
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
+        mlflow.set_tag("eval.actions", "sampled" if sampled else "greedy")
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")
-    print(f"[evaluate {run.path.name}] return {stats['mean']:.1f} ± {stats['std']:.1f}, "
-          f"normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
+    print(f"[evaluate {run.path.name}, {'sampled' if sampled else 'greedy'}] return {stats['mean']:.1f} ± "
+          f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
     return metrics
 

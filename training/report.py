@@ -24,7 +24,8 @@ def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict
         if not (run.run_info.is_file() and run.eval_metrics.is_file()):
             continue
         info, metrics = run.info(), json.loads(run.eval_metrics.read_text())
-        rows.append({"env_id": info["env_id"], "dataset": info["dataset"], "algo": info["algo"],
+        algo = f"{info['algo']} (sampled)" if metrics.get("sampled_actions") else info["algo"]
+        rows.append({"env_id": info["env_id"], "dataset": info["dataset"], "algo": algo,
                      "return_mean": metrics["return_mean"], "return_std": metrics["return_std"],
                      "normalized_score": metrics["normalized_score"], "model": info["registered_model"]["uri"]})
         curves[path.name] = read_csv(run.learning_curve)

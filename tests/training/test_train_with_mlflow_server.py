@@ -12,7 +12,10 @@ import yaml
 from collectors import dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from collectors.rollout import rollout_returns
 from tests.conftest import REPO, orl
+from training.report import report
+from training.run_dir import read_csv
 from training.tracking import NEWEST_ALIAS, dvc_digest
 
 TINY_TRAINING = {"iterations": 3, "updates_per_iteration": 5, "batch_size": 256, "hidden_layers": [32, 32]}
@@ -49,11 +52,35 @@ def test_run_has_params_metrics_tags_and_dataset_input(trained_run, expert_datas
     assert run.data.tags["dvc.dataset_digest"] == dvc_digest(expert_dataset)
     assert len(run.data.tags["git_commit"]) in (40, len("unknown"))
     assert run.data.metrics["eval/episodes"] == 4 and "eval/normalized_score" in run.data.metrics
+    assert run.data.tags["eval.actions"] == "greedy"
+    assert json.loads((run_dir / "eval.json").read_text())["sampled_actions"] is False
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.name == "cartpole-expert"
     assert dataset_input.dataset.digest == dvc_digest(expert_dataset)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert artifacts == {"plots/learning_curve.png", "plots/eval_returns.png"}
+
+
+def test_evaluate_samples_bcs_actions_when_asked(trained_run, ray_local, tmp_path):
+    from mlflow import MlflowClient
+
+    run_dir, uri = trained_run
+    work = run_dir.parent.parent
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["evaluate"]["sample_actions"] = True
+    (work / "sampled.yaml").write_text(yaml.safe_dump(params))
+    result = orl("--params", "sampled.yaml", "evaluate", "runs/bc", cwd=work, env={"MLFLOW_TRACKING_URI": uri})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "eval.json").read_text())["sampled_actions"] is True
+    # The returns are those of the checkpoint's policy sampling its actions on the evaluation seeds.
+    evaluate = params["evaluate"]
+    expected = rollout_returns("CartPole-v1", PolicyConfig(kind="model", model=str(run_dir / "checkpoint")),
+                               evaluate["seed"], evaluate["episodes"], evaluate["num_workers"], label="expected")
+    assert [r["return"] for r in read_csv(run_dir / "eval_returns.csv")] == pytest.approx(list(expected))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert MlflowClient(uri).get_run(info["mlflow_run_id"]).data.tags["eval.actions"] == "sampled"
+    summary = report(work / "runs", work / "references", tmp_path / "reports").read_text()
+    assert "| cartpole-expert | bc (sampled) |" in summary
 
 
 def test_registered_model_predicts_and_acts_in_the_env(trained_run):
