@@ -30,8 +30,8 @@ class PolicyConfig:
     """For `model`: take the most likely action instead of sampling from the policy."""
     action_noise: float = 0.0
     """For `expert` and `mixture` on continuous actions: standard deviation of Gaussian noise added to the
-    expert's action, as a fraction of half the action range, then clipped to the bounds. The noisy expert strays
-    from its own path and steers back, so the data shows how to recover (DART; D4RL's expert data comes from a
+    expert's action, as a fraction of half the action range, then clipped to the bounds. The data then shows the
+    expert correcting deviations from its own path, which a clone needs (DART; D4RL's expert data comes from a
     policy that samples its actions). 0 keeps the expert deterministic."""
     random_episodes: float = 0.0
     """Fraction of episodes, drawn per episode, that the uniform random policy runs from start to end instead:

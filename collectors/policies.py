@@ -67,7 +67,7 @@ class ExpertPolicy(Policy):
 
 
 class MixturePolicy(Policy):
-    """The expert, except a uniformly random action with probability epsilon."""
+    """The expert (with its action noise, if any), except a uniformly random action with probability epsilon."""
 
     def __init__(self, env_id: str, action_space: gym.Space, epsilon: float, noise: float = 0.0):
         self.expert = ExpertPolicy(env_id, action_space, noise)
