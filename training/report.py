@@ -10,8 +10,7 @@ from collectors.dataset import read_card
 from collectors.errors import UserError
 from training import plots
 from training.evaluate import normalized_score, reference_path
-from training.run_dir import RunDir, read_csv, write_json
-from training.train import CURVE_METRIC
+from training.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 
 BEHAVIOUR = "behaviour policy"
 

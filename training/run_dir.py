@@ -11,6 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+# The learning curve's column with each algorithm's main loss (algorithms.curve_loss), so one plot spec
+# (dvc.yaml's `y: loss`) fits all runs.
+CURVE_METRIC = "loss"
+
 
 @dataclass(frozen=True)
 class RunDir:

@@ -22,10 +22,7 @@ from collectors.policies import MODULE_SUBDIR
 from training import plots, tracking
 from training.algorithms import curve_loss, rllib_config
 from training.config import LearnerParams
-from training.run_dir import RunDir, write_csv, write_json
-
-# The curve's column with each algorithm's main loss (algorithms.curve_loss), so one plot spec fits all runs.
-CURVE_METRIC = "loss"
+from training.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
 
 
 def learner_metrics(result: dict) -> dict[str, float]:

@@ -1,0 +1,85 @@
+"""Every dvc.yaml stage declares the code it runs, so DVC never calls a stage up to date after its code changed.
+
+A stage's code is the module its `orl` subcommand hands the work to (the imports of `cmd_NAME` in
+pipelines/cli.py) and every project module that one imports, at the top or inside a function (algorithms are
+imported lazily). pipelines/ itself is the thin entrypoint: params are declared under `params:`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+PACKAGES = ("collectors", "training")
+
+
+def module_path(name: str) -> Path | None:
+    """The file of a project module (`training.train`, or a package's __init__), None for other modules."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = REPO / Path(*name.split("."))
+    return base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Modules named by the import statements under `tree`; `from pkg import mod` counts as `pkg.mod` too."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def code_closure(roots: set[str]) -> set[Path]:
+    """The project files that the modules `roots` import, transitively, themselves included."""
+    files, pending = set(), [module_path(name) for name in roots]
+    while pending:
+        path = pending.pop()
+        if path is None or path in files or not path.exists():
+            continue  # not ours, seen, or a name imported from a module (not a module itself)
+        if path.stat().st_size:  # an empty __init__.py holds no code
+            files.add(path)
+        pending.extend(module_path(name) for name in imported_modules(ast.parse(path.read_text())))
+    return files
+
+
+def subcommand_code(subcommand: str) -> set[Path]:
+    cli = ast.parse((REPO / "pipelines" / "cli.py").read_text())
+    handler = f"cmd_{subcommand.replace('-', '_')}"
+    function = next(node for node in cli.body if isinstance(node, ast.FunctionDef) and node.name == handler)
+    return code_closure(imported_modules(function))
+
+
+def stages() -> list[tuple[str, str, list[str]]]:
+    """(stage name, orl subcommand, deps) of every stage in dvc.yaml."""
+    rows = []
+    for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].items():
+        body = stage.get("do", stage)
+        command = body["cmd"].split()
+        assert command[0] == "orl", f"stage {name} should call orl"
+        rows.append((name, command[1], body.get("deps", [])))
+    return rows
+
+
+@pytest.mark.parametrize(("stage", "subcommand", "deps"), stages(), ids=[row[0] for row in stages()])
+def test_stage_declares_the_code_it_runs(stage, subcommand, deps):
+    declared = [REPO / dep for dep in deps if dep.split("/")[0] in PACKAGES]  # not data, not other stages' outs
+    assert all(path.exists() for path in declared), f"dvc.yaml stage {stage} names code that does not exist"
+    missing = sorted(str(path.relative_to(REPO)) for path in subcommand_code(subcommand)
+                     if not any(path == dep or dep in path.parents for dep in declared))
+    assert not missing, f"dvc.yaml stage {stage} runs code it does not declare: add {missing} to its deps"
+
+
+def test_the_closure_follows_lazy_imports():
+    # training.algorithms imports the offline learners inside functions; they must count.
+    code = subcommand_code("train")
+    assert REPO / "training" / "offline_dqn.py" in code and REPO / "training" / "lean_learner.py" in code
+    assert REPO / "training" / "report.py" not in code
