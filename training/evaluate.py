@@ -66,6 +66,7 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     reference = read_reference(references_dir, info["env_id"], config)
     tracking.connect()  # before the episodes, so an unreachable server fails fast
     sampled = config.sample_actions and info["algo"] in POLICY_ALGOS
+    actions = "sampled" if sampled else "greedy"
     policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
     returns = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
                               label=f"evaluate {run.path.name}")
@@ -80,9 +81,9 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
 
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
-        mlflow.set_tag("eval.actions", "sampled" if sampled else "greedy")
+        mlflow.set_tag("eval.actions", actions)
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")
-    print(f"[evaluate {run.path.name}, {'sampled' if sampled else 'greedy'}] return {stats['mean']:.1f} ± "
+    print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± "
           f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
     return metrics
 
