@@ -69,7 +69,10 @@ def stages() -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-@pytest.mark.parametrize(("stage", "subcommand", "deps"), stages(), ids=[row[0] for row in stages()])
+STAGES = stages()
+
+
+@pytest.mark.parametrize(("stage", "subcommand", "deps"), STAGES, ids=[row[0] for row in STAGES])
 def test_stage_declares_the_code_it_runs(stage, subcommand, deps):
     declared = [REPO / dep for dep in deps if dep.split("/")[0] in PACKAGES]  # not data, not other stages' outs
     assert all(path.exists() for path in declared), f"dvc.yaml stage {stage} names code that does not exist"
