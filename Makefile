@@ -14,7 +14,7 @@ $(INSTALLED): pyproject.toml requirements.lock
 
 setup: $(INSTALLED)
 
-# The default pipeline: local Ray, SQLite MLflow store (mlflow.db), local DVC cache.
+# The quick tour of the pipeline: local Ray, SQLite MLflow store (mlflow.db), local DVC cache.
 pipeline: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
@@ -32,3 +32,8 @@ $(D3RLPY_VENV)/.installed: benchmarks/requirements-d3rlpy.lock
 .PHONY: quality-table
 quality-table: setup $(D3RLPY_VENV)/.installed
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/quality_table.py $(ARGS)
+
+# The full dataset suite and learner matrix that benchmarks/README.md reports (outputs under benchmarks/suite/).
+.PHONY: suite
+suite: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro benchmarks/suite/dvc.yaml

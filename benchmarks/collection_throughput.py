@@ -21,18 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from collectors.collect import collect
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from collectors.policies import build_policy
+from collectors.rollout import EpisodeRunner, episode_seeds
+from common.envs import env_spaces, make_env, step_actions
+from common.ray_runtime import start_ray
+from pipelines.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from collectors.collect import collect  # noqa: E402
-from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
-from collectors.envs import env_spaces, make_env, step_actions  # noqa: E402
-from collectors.policies import build_policy  # noqa: E402
-from collectors.rollout import EpisodeRunner, episode_seeds  # noqa: E402
-from pipelines.cli import start_ray  # noqa: E402
-from pipelines.params import load_params  # noqa: E402
 
 # Typical episode lengths under each policy, to ask `orl collect` for about --steps steps.
 EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, ("CartPole-v1", "neural"): 22,
@@ -113,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
 
     params = load_params(args.params)
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     counts = args.collectors or [params.collect.num_collectors]
     rows = ["| env | policy | collectors | plain loop steps/s | collector loop alone (÷ plain) | plain loops in parallel "
             "| orl collect steps/s | ratio (÷ collectors × plain) | ÷ plain loops in parallel |",

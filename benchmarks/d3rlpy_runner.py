@@ -1,8 +1,8 @@
 """Trains one d3rlpy algorithm on one of our Parquet datasets and evaluates it; prints one JSON line.
 
-Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README section in
-the project README), so it imports nothing from this project: the dataset is read with pyarrow alone, by the
-column names the dataset card lists.
+Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README.md), so it
+imports nothing from this project: the dataset is read with pyarrow alone, by the column names the dataset
+card lists.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
         --seed 0 --steps 2000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \

@@ -2,9 +2,9 @@
 
 One Q head (no dueling), double Q, Huber TD loss, alpha * (logsumexp Q - Q(data action)), a hard target sync every
 `--target-update-every` updates, Adam without gradient clipping, batches drawn uniformly with replacement. It
-separates what the algorithm does on some data from what RLlib or d3rlpy add: the README's parity notes compare its
-scores with conservative DQN's and DiscreteCQL's. Evaluated greedily on the pipeline's evaluation seeds, normalized
-with the references the quality table uses.
+separates what the algorithm does on some data from what RLlib or d3rlpy add: benchmarks/README.md's parity notes
+compare its scores with conservative DQN's and DiscreteCQL's. Evaluated greedily on the pipeline's evaluation seeds,
+normalized with the references the quality table uses.
 
     python benchmarks/plain_discrete_cql.py --dataset acrobot-medium --updates 10000 --seeds 0 1 2 3 4 5
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,14 +22,14 @@ import torch.nn.functional as F
 from ray.rllib.core import DEFAULT_MODULE_ID
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import dataset_format as dataset
+from collectors.rollout import episode_seeds
+from evaluation.evaluate import normalized_score, read_reference
+from pipelines.params import load_params
+from training.algorithms.batch_columns import ACTIONS, NEXT_OBS, OBS, REWARDS, TERMINATEDS, with_n_step
 
-from collectors import dataset  # noqa: E402
-from collectors.rollout import episode_seeds  # noqa: E402
-from pipelines.params import load_params  # noqa: E402
-from training.batch_columns import ACTIONS, NEXT_OBS, OBS, REWARDS, TERMINATEDS, with_n_step  # noqa: E402
-from training.evaluate import normalized_score, read_reference  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params, datasets and references
 
 
 def train(columns: dict[str, torch.Tensor], actions: int, args, seed: int) -> nn.Module:
@@ -81,9 +80,9 @@ def mean_return(q: nn.Module, env_id: str, seeds: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, help="dataset name, under --datasets-dir")
-    parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
-    parser.add_argument("--references", type=Path, default=ROOT / "references")
-    parser.add_argument("--params", default=str(ROOT / "params.yaml"), help="for the evaluation seeds")
+    parser.add_argument("--datasets-dir", type=Path, default=SUITE / "datasets")
+    parser.add_argument("--references", type=Path, default=SUITE / "references")
+    parser.add_argument("--params", default=str(SUITE / "params.yaml"), help="for the evaluation seeds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--updates", type=int, required=True)
     parser.add_argument("--batch-size", type=int, default=256)

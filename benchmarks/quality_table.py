@@ -8,7 +8,7 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
 
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
-d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see the README); `--no-d3rlpy` leaves it out.
+d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds and updates scale)
 and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run. `--updates-scale`
 gives every learner more gradient updates than params.yaml (sized for the default pipeline's CartPole data), ours
@@ -31,18 +31,23 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import dataset_format as dataset
+from collectors.config import PolicyConfig
+from collectors.rollout import episode_seeds, rollout_returns
+from common.errors import UserError
+from common.ray_runtime import start_ray
+from evaluation.evaluate import measure_references, normalized_score, read_reference
+from pipelines.params import load_params
+from training.algorithms.registry import (
+    ALGORITHMS,
+    rllib_config,
+)
+from training.config import CQLParams, DQNParams, LearnerParams
 
-from collectors import dataset  # noqa: E402
-from collectors.config import PolicyConfig  # noqa: E402
-from collectors.errors import UserError  # noqa: E402
-from collectors.rollout import episode_seeds, rollout_returns  # noqa: E402
-from pipelines.cli import start_ray  # noqa: E402
-from pipelines.params import load_params  # noqa: E402
-from training.algorithms import rllib_config  # noqa: E402
-from training.config import POLICY_ALGOS, CQLParams, DQNParams, LearnerParams  # noqa: E402
-from training.evaluate import measure_references, normalized_score, read_reference  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params, datasets and references
+
+POLICY_ALGOS = [name for name, entry in ALGORITHMS.items() if entry.policy_is_distribution]
 
 DISCRETE_ALGOS = ["bc", "marwil", "dqn", "cql_dqn"]
 CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
@@ -130,10 +135,10 @@ def plot(results: dict, columns: list[str], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--params", default=str(SUITE / "params.yaml"))
     parser.add_argument("--datasets", nargs="+", help="dataset names (default: every dataset in params.yaml)")
-    parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
-    parser.add_argument("--references", type=Path, default=ROOT / "references")
+    parser.add_argument("--datasets-dir", type=Path, default=SUITE / "datasets")
+    parser.add_argument("--references", type=Path, default=SUITE / "references")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--d3rlpy-python", default=str(ROOT / ".venv-d3rlpy" / "bin" / "python"))
     parser.add_argument("--no-d3rlpy", action="store_true")
@@ -154,7 +159,7 @@ def main() -> None:
                      "policy is the greedy one, and d3rlpy's DiscreteBC only acts greedily")
 
     params = load_params(args.params)
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     args.out.mkdir(parents=True, exist_ok=True)
     results = json.loads((args.out / "quality.json").read_text()) if args.update else {}
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]

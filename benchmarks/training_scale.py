@@ -3,8 +3,8 @@
 For each size it collects (once, into --data-dir) a uniformly random CartPole dataset, reporting the files,
 time and peak memory of collecting (summed PSS of this process and Ray's), then trains BC on it in a fresh
 process and reports:
-- start-up: seconds from building the algorithm to the end of its first iteration (`updates_per_iteration`
-  updates, about 0.1 s of it), with Ray already running;
+- start-up: seconds from building the algorithm to the end of its first iteration (including its first
+  `updates_per_iteration` updates), with Ray already running;
 - steady samples/s: the iterations after the first (a dataset that streams is read at this pace);
 - peak RSS of the training process, and the peak summed PSS of it and every Ray process it started (PSS
   splits each shared page, such as the object store's, among the processes that map it).
@@ -29,15 +29,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+import dataset_format as dataset
+from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from common.ray_runtime import start_ray
+from pipelines.params import load_params
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import pyarrow.parquet as pq  # noqa: E402
-
-from collectors import dataset  # noqa: E402
-from collectors.config import CollectConfig, DatasetConfig, PolicyConfig  # noqa: E402
-from pipelines.cli import start_ray  # noqa: E402
-from pipelines.params import load_params  # noqa: E402
 
 EPISODE_STEPS = 22  # a random CartPole episode, on average
 
@@ -101,10 +100,10 @@ def process_tree_pss() -> int:
 def measure(dataset_dir: Path, iterations: int, params_file: str, overrides: dict) -> dict:
     """Runs in a fresh process: start-up, steady samples/s and peak memory of BC training on the dataset, with
     `overrides` of params.yaml's `algos.bc`."""
-    from training.algorithms import rllib_config
+    from training.algorithms.registry import rllib_config
 
     params = load_params(params_file)
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     bc = dataclasses.replace(params.algos.bc, **overrides)
     with peak_memory() as peak:
         started = time.perf_counter()
@@ -159,7 +158,7 @@ def main() -> None:
         print(json.dumps(measure(args.measure, args.iterations, args.params, overrides)))
         return
     params = load_params(args.params)
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     settings = dataclasses.replace(params.collect, episodes_per_task=args.episodes_per_task)
     collected = [ensure_dataset(args.data_dir, size, settings) for size in args.sizes]
     import ray

@@ -31,17 +31,16 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import dataset_format as dataset
+from common.ray_runtime import start_ray
+from dataset_format import Col, column_to_numpy
+from pipelines.params import load_params
+from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS, with_returns
+from training.algorithms.registry import rllib_config
+from training.config import DQNParams, LearnerParams, MARWILParams
 
-from collectors import dataset  # noqa: E402
-from collectors.dataset import Col, column_to_numpy  # noqa: E402
-from pipelines.cli import start_ray  # noqa: E402
-from pipelines.params import load_params  # noqa: E402
-from training.algorithms import rllib_config  # noqa: E402
-from training.config import DQNParams, LearnerParams, MARWILParams  # noqa: E402
-from training.batch_columns import (  # noqa: E402
-    BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS, with_returns)
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params and datasets
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 AHEAD_BATCHES = 16
@@ -187,8 +186,8 @@ class LearnerAlone:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
-    parser.add_argument("--dataset", type=Path, default=ROOT / "datasets" / "cartpole-medium")
+    parser.add_argument("--params", default=str(SUITE / "params.yaml"))
+    parser.add_argument("--dataset", type=Path, default=SUITE / "datasets" / "cartpole-medium")
     parser.add_argument("--algos", nargs="+", default=["bc", "marwil", "dqn"])
     parser.add_argument("--iterations", type=int, default=10, help="steady-state iterations timed for RLlib")
     parser.add_argument("--learners", type=int, nargs="+",
@@ -197,7 +196,7 @@ def main() -> None:
     args = parser.parse_args()
 
     params = load_params(args.params)
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     torch.manual_seed(0)
     table = dataset.load_table(args.dataset)
     spaces = dataset.read_card(args.dataset).spaces

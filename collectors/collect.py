@@ -8,12 +8,12 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from collectors import dataset
+import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig
-from collectors.envs import env_spaces
-from collectors.errors import refuse_to_overwrite
 from collectors.policies import build_policy, knows_logp
 from collectors.rollout import episodes_dataset, progress_lines
+from common.envs import env_spaces
+from common.errors import refuse_to_overwrite
 
 
 def code_version() -> str:

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.checks import require_positive
+
 POLICY_KINDS = ("random", "expert", "mixture", "model")
 
-
-def require_positive(config, *names: str) -> None:
-    """Raises ValueError naming the first of `names` whose value on `config` is not > 0."""
-    for name in names:
-        value = getattr(config, name)
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -81,11 +76,11 @@ class CollectConfig:
     """Environments per actor, stepped in lockstep so the policy acts on a batch of observations."""
     episodes_per_task: int = 100
     """Episodes in one unit of work handed to an actor. Memory holds a few tasks per collector, and each task
-    costs Ray Data some scheduling: raise it for large collections of short episodes (2,000 random CartPole
-    episodes per task collect 10M steps at 88k steps/s on 2 cores, 100 at about 50k)."""
+    costs Ray Data some scheduling: raise it for large collections of short episodes (benchmarks/README.md,
+    Collection)."""
     file_mib: float = 128.0
     """Size of a Parquet file, in MiB of rows in memory: tasks' rows are combined, in order, until they reach
-    it, then the file is written while collection goes on. zstd stores CartPole's rows in ~80% of that."""
+    it, then the file is written while collection goes on. zstd stores them in less on disk."""
 
     def __post_init__(self):
         require_positive(self, "num_collectors", "envs_per_collector", "episodes_per_task", "file_mib")

@@ -14,11 +14,9 @@ import gymnasium as gym
 import numpy as np
 
 from collectors.config import PolicyConfig
-from collectors.envs import EXPERTS
-from collectors.errors import UserError
-
-# Where `Algorithm.save_to_path` puts the single-agent RLModule inside a checkpoint.
-MODULE_SUBDIR = Path("learner_group", "learner", "rl_module", "default_policy")
+from common.envs import EXPERTS
+from common.errors import UserError
+from common.trained_policy import MLflowPolicy, ModulePolicy, is_mlflow_uri, load_rl_module
 
 
 class Policy(Protocol):
@@ -87,73 +85,6 @@ class MixturePolicy(Policy):
         return actions, np.log(prob).astype(np.float32)
 
 
-class ModulePolicy(Policy):
-    """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy."""
-
-    def __init__(self, module, action_space: gym.Space, greedy: bool):
-        from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
-
-        self.module = module
-        self.space = action_space
-        self.greedy = greedy
-        self.squashed = issubclass(module.get_inference_action_dist_cls(), TorchSquashedGaussian)
-
-    def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
-        import torch
-
-        batch = {"obs": torch.as_tensor(obs, dtype=torch.float32)}
-        with torch.no_grad():
-            out = self.module.forward_inference(batch)
-            if "action_dist_inputs" in out:
-                return out["action_dist_inputs"].numpy()
-            # Value-based modules (DQN) infer greedy actions only; their Q-values serve as logits (Boltzmann).
-            return self.module.compute_q_values(batch)["qf_preds"].numpy()
-
-    def act(self, obs, rngs, envs):
-        inputs = self.distribution_inputs(obs)
-        if isinstance(self.space, gym.spaces.Discrete):
-            logp_all = inputs - np.logaddexp.reduce(inputs, axis=1, keepdims=True)
-            if self.greedy:  # deterministic: the chosen action has probability 1
-                actions = logp_all.argmax(axis=1)
-                return actions, np.zeros(len(actions), dtype=np.float32)
-            # Inverse-CDF sampling with each row's own generator.
-            cdf = np.cumsum(np.exp(logp_all), axis=1)
-            u = np.array([rng.random() for rng in rngs])[:, None] * cdf[:, -1:]
-            actions = (u > cdf).sum(axis=1).clip(max=self.space.n - 1)
-            return actions, logp_all[np.arange(len(actions)), actions].astype(np.float32)
-        # Box: RLlib's (diagonal or tanh-squashed) Gaussian takes [mean, log_std]; clipping to the bounds makes
-        # density moot.
-        mean, log_std = np.split(inputs, 2, axis=1)
-        if not self.greedy:
-            noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
-            mean = mean + np.exp(log_std) * noise
-        if self.squashed:  # SAC/CQL act in [-1, 1] (training/offline_cql.py); rescale to the bounds
-            mean = self.space.low + (np.tanh(mean) + 1.0) / 2.0 * (self.space.high - self.space.low)
-        actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
-        return actions, None
-
-
-class MLflowPolicy(Policy):
-    """A policy logged by `orl train` as an MLflow pyfunc model (observations in, greedy actions out)."""
-
-    def __init__(self, uri: str, action_space: gym.Space):
-        import mlflow.pyfunc
-
-        try:
-            self.model = mlflow.pyfunc.load_model(uri)
-        except Exception as err:  # MLflow raises several types for a URI it cannot resolve
-            raise UserError(f"cannot load MLflow model '{uri}' ({type(err).__name__}); check the URI and MLFLOW_TRACKING_URI") from None
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-
-    def act(self, obs, rngs, envs):
-        actions = np.asarray(self.model.predict(obs.astype(np.float32)))
-        return actions, (np.zeros(len(obs), dtype=np.float32) if self.discrete else None)
-
-
-def is_mlflow_uri(model: str) -> bool:
-    return "://" in model or model.startswith(("models:/", "runs:/"))
-
-
 def worker_env_vars(config: PolicyConfig) -> dict[str, str]:
     """Environment that Ray workers need to build this policy: the driver's MLflow tracking store, as an
     absolute URI (workers run in other directories, or on other machines)."""
@@ -165,17 +96,6 @@ def worker_env_vars(config: PolicyConfig) -> dict[str, str]:
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
     return {"MLFLOW_TRACKING_URI": uri}
-
-
-def load_rl_module(path: str | Path):
-    """The RLModule in an `orl train` checkpoint directory (or in a bare RLModule directory)."""
-    from ray.rllib.core.rl_module.rl_module import RLModule
-
-    path = Path(path)
-    module_dir = path / MODULE_SUBDIR if (path / MODULE_SUBDIR).is_dir() else path
-    if not (module_dir / "class_and_ctor_args.pkl").is_file():
-        raise UserError(f"{path} is not a checkpoint made by `orl train`; point at its checkpoint directory")
-    return RLModule.from_checkpoint(module_dir.resolve())
 
 
 def knows_logp(config: PolicyConfig, action_space: gym.Space) -> bool:

@@ -1,46 +1,33 @@
 """`orl`: the command every dvc.yaml stage and every user action goes through.
 
 Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
-work (collectors.collect.collect, training.train.train, training.online.train_online, training.evaluate.*,
-training.report.report).
+work (collectors.collect.collect, training.train.train, training.online.train_online, evaluation.evaluate.*,
+evaluation.report.report, dataset_format for `orl datasets`).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
-from collectors.errors import UserError
-from pipelines.params import Params, RayConfig, load_params
-
-
-def start_ray(config: RayConfig) -> None:
-    """Connects to RAY_ADDRESS when set; otherwise starts a local Ray sized by params (ray.num_cpus)."""
-    import ray
-    from ray.data import DataContext
-
-    settings = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **settings)
-    else:
-        ray.init(address="local", num_cpus=config.num_cpus, **settings)  # never join a stray local cluster
-    DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+from common.errors import UserError
+from common.ray_runtime import start_ray
+from pipelines.params import Params, load_params
+from training.config import AlgosConfig
 
 
 def cmd_collect(args, params: Params) -> None:
     from collectors.collect import collect
 
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     collect(args.name, params.dataset(args.name), params.collect, args.out or Path("datasets") / args.name)
 
 
 def cmd_train(args, params: Params) -> None:
-    from training.tracking import connect
+    from common.tracking import connect
     from training.train import train
 
     try:
@@ -49,44 +36,44 @@ def cmd_train(args, params: Params) -> None:
         raise UserError(str(err)) from None
     out = args.out or Path("runs") / f"{args.algo}-{Path(args.dataset).name}"
     connect()  # an unreachable tracking server fails now, before Ray starts
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     seed = params.train.seed if args.seed is None else args.seed
     train(args.algo, algo_params, args.dataset, out, seed, params.train.checkpoint_every)
 
 
 def cmd_train_online(args, params: Params) -> None:
+    from common.tracking import connect
     from training.online import train_online
-    from training.tracking import connect
 
     config = params.online_policy(args.name)
     connect()
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     train_online(args.name, config, args.references, params.evaluate, args.out or Path("runs") / f"ppo-{args.name}")
 
 
 def cmd_reference(args, params: Params) -> None:
-    from training.evaluate import measure_references
+    from evaluation.evaluate import measure_references
 
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     env_ids = [d.env for d in params.all_datasets.values()] + [p.env for p in params.online_policies.values()]
     measure_references(env_ids, params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
-    from training.evaluate import evaluate
+    from evaluation.evaluate import evaluate
 
-    start_ray(params.ray)
+    start_ray(params.ray.num_cpus)
     evaluate(args.run_dir, args.references, params.evaluate)
 
 
 def cmd_report(args, params: Params) -> None:
-    from training.report import report
+    from evaluation.report import report
 
     print(report(args.runs, args.references, args.out))
 
 
 def cmd_datasets_list(args, params: Params) -> None:
-    from collectors.dataset import CARD_FILE, read_card
+    from dataset_format import CARD_FILE, read_card
 
     for path in sorted(Path(args.root).glob(f"*/{CARD_FILE}")):
         card = read_card(path.parent)
@@ -95,7 +82,7 @@ def cmd_datasets_list(args, params: Params) -> None:
 
 
 def cmd_datasets_show(args, params: Params) -> None:
-    from collectors.dataset import validate
+    from dataset_format import validate
 
     card = validate(args.path)
     print(card.to_json(), end="")
@@ -103,8 +90,8 @@ def cmd_datasets_show(args, params: Params) -> None:
 
 
 def cmd_datasets_validate(args, params: Params) -> None:
-    from collectors.dataset import read_card, validate
-    from collectors.envs import env_spaces
+    from common.envs import env_spaces
+    from dataset_format import read_card, validate
 
     for path in args.paths:
         card = validate(path, env_spaces(read_card(path).env_id))  # the card's spaces must be the env's too
@@ -123,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_collect)
 
     p = sub.add_parser("train", help="train one algorithm offline on one dataset")
-    p.add_argument("--algo", required=True, help="bc or marwil (hyper-parameters under `algos`)")
+    p.add_argument("--algo", required=True,
+                   help=f"{', '.join(AlgosConfig.names())} (hyper-parameters under `algos` in params.yaml)")
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory")
     p.add_argument("--out", type=Path, help="run directory (default: runs/ALGO-DATASET)")
     p.add_argument("--seed", type=int, help="overrides train.seed")

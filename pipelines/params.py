@@ -9,11 +9,13 @@ from pathlib import Path
 
 import yaml
 
-from collectors.config import CollectConfig, DatasetConfig, require_positive
-from collectors.envs import check_env_id
-from collectors.errors import UserError
-from collectors.policies import is_mlflow_uri
-from training.config import AlgosConfig, EvaluateConfig, OnlinePolicyConfig, TrainConfig
+from collectors.config import CollectConfig, DatasetConfig
+from common.checks import require_positive
+from common.envs import check_env_id
+from common.errors import UserError
+from common.trained_policy import is_mlflow_uri
+from evaluation.config import EvaluateConfig
+from training.config import AlgosConfig, OnlinePolicyConfig, TrainConfig
 
 
 @dataclass(frozen=True)

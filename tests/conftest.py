@@ -66,8 +66,8 @@ def pendulum_dataset(ray_local, tmp_path_factory) -> Path:
 @contextmanager
 def built_algorithm(algo: str, params, dataset_dir: Path):
     """The RLlib algorithm that trains `algo` with `params` on the dataset (seed 0), stopped afterwards."""
-    from collectors import dataset
-    from training.algorithms import rllib_config
+    import dataset_format as dataset
+    from training.algorithms.registry import rllib_config
 
     algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
     try:

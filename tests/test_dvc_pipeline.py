@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors import dataset
+import dataset_format as dataset
 from tests.conftest import REPO
 
 
@@ -30,7 +30,7 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, root / name)
-    for package in ("collectors", "training", "pipelines"):
+    for package in ("collectors", "common", "dataset_format", "evaluation", "pipelines", "training"):
         shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["datasets"] = {

@@ -15,7 +15,7 @@ import yaml
 
 from tests.conftest import REPO
 
-PACKAGES = ("collectors", "training")
+PACKAGES = ("collectors", "common", "dataset_format", "evaluation", "training")
 
 
 def module_path(name: str) -> Path | None:
@@ -82,7 +82,20 @@ def test_stage_declares_the_code_it_runs(stage, subcommand, deps):
 
 
 def test_the_closure_follows_lazy_imports():
-    # training.algorithms imports the offline learners inside functions; they must count.
+    # The registry imports the offline learners inside functions; they must count.
     code = subcommand_code("train")
-    assert REPO / "training" / "offline_dqn.py" in code and REPO / "training" / "lean_learner.py" in code
-    assert REPO / "training" / "report.py" not in code
+    algorithms = REPO / "training" / "algorithms"
+    assert algorithms / "offline_dqn.py" in code and algorithms / "lean_learner.py" in code
+    assert REPO / "evaluation" / "report.py" not in code
+
+
+def test_training_follows_the_data_one_way():
+    # `orl train` reads datasets and never the collectors that wrote them.
+    assert not [path for path in subcommand_code("train") if path.is_relative_to(REPO / "collectors")]
+
+
+def test_the_full_suite_runs_the_same_stages_as_the_quick_tour():
+    # benchmarks/suite/dvc.yaml differs only in where the code is, seen from its folder.
+    tour = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    suite_text = (REPO / "benchmarks" / "suite" / "dvc.yaml").read_text().replace("../../", "")
+    assert yaml.safe_load(suite_text)["stages"] == tour, "benchmarks/suite/dvc.yaml drifted from dvc.yaml"

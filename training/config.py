@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collectors.config import require_positive
+from common.checks import require_positive
 
 ACTIVATIONS = ("relu", "tanh", "silu")
 
@@ -44,18 +44,18 @@ class LearnerParams:
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
     is full (or the data ends)."""
     memory_cache_mib: int = 256
-    """Datasets up to this size on disk (256 MiB: about 5M CartPole transitions) are read and mapped to train
-    batches once and held in memory, as tensors in the learner's process, each pass a fresh shuffle of all
-    rows. Larger ones stream from Parquet at each pass through `shuffle_buffer`: memory stays flat, but each
-    pass restarts the read pipeline (about 1.5 s on 2 cores). 0 always streams."""
+    """Datasets up to this size on disk (256 MiB by default) are read and mapped to train batches once and
+    held in memory, as tensors in the learner's process, each pass a fresh shuffle of all rows. Larger ones
+    stream from Parquet at each pass through `shuffle_buffer`: memory stays flat, but each pass restarts the
+    read pipeline. 0 always streams."""
     stream_read_ahead_mib: int = 256
     """For datasets that stream: object-store memory Ray Data may fill with rows read and mapped ahead of the
     learner. It bounds training memory whatever the dataset's size."""
     stream_block_mib: int = 128
     """For datasets that stream: the size Ray Data cuts blocks to as it reads and maps rows (its default, 128).
     Each read or map task holds a few copies of its block in its own heap, outside the object-store budget:
-    streaming 10M CartPole transitions, 32 lowered the process tree's peak by 8-20 %, but 4 of 7 runs then
-    trained at 22-44k samples/s, against 76-98k in 6 of 7 with 128. Lower it where memory is short."""
+    smaller blocks lower the process tree's peak but made streaming slower and less steady (benchmarks/README.md,
+    Start-up, memory and storage). Lower it where memory is short."""
     map_tasks: int = 1
     """For datasets that stream: Ray Data tasks mapping rows to train batches at once, 1 CPU each. One leaves
     a CPU for reading on a 2-CPU machine; raise it on a cluster."""
@@ -227,8 +227,8 @@ class OnlinePolicyConfig:
     held_out_episodes: int = 0
     """When > 0, the policy runs this many episodes after each iteration, sampling its actions as
     collection will, and their mean return is the score compared with the target instead. The training
-    episodes' mean lags behind a policy that improves fast (Acrobot's PPO doubles its score in one iteration
-    while the mean still holds episodes of the policies before)."""
+    episodes' mean lags behind a policy that improves fast (the mean still holds episodes of the policies
+    before)."""
     held_out_seed: int = 2_000_000
     """Seed of the held-out episodes (see rollout's `episode_seeds`); keep it apart from collection and
     evaluation seeds."""
@@ -256,27 +256,3 @@ class OnlinePolicyConfig:
         if not self.target_score < 100:
             raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
         _require_layer_sizes(self.hidden_layers)
-
-
-# The learners whose policy is a distribution over discrete or continuous actions to sample from. The others
-# act on the argmax of their Q-values (DQN, conservative DQN) or, for CQL, the mean of SAC's squashed Gaussian.
-POLICY_ALGOS = ("bc", "marwil")
-
-
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """How trained policies (and the random/expert references) are evaluated."""
-
-    episodes: int = 20
-    """Evaluation episodes per policy."""
-    seed: int = 1_000_000
-    """Evaluation seed; keep it apart from collection seeds so evaluation starts are unseen."""
-    num_workers: int = 2
-    """Ray actors running evaluation episodes in parallel."""
-    sample_actions: bool = False
-    """BC and MARWIL sample their actions, as a behaviour policy that samples its own did to make the data,
-    instead of taking the most likely one (as d3rlpy and most papers evaluate). On data from such a policy the
-    two readings differ most (README's quality table). The other learners always act greedily."""
-
-    def __post_init__(self):
-        require_positive(self, "episodes", "num_workers")

@@ -16,17 +16,19 @@ import mlflow
 import numpy as np
 
 from collectors.config import PolicyConfig
-from collectors.dataset import episode_stats
-from collectors.envs import make_env
-from collectors.errors import UserError, refuse_to_overwrite
-from collectors.policies import ModulePolicy
 from collectors.rollout import EpisodeRunner
-from training import plots, tracking
-from training.config import EvaluateConfig, OnlinePolicyConfig
-from training.evaluate import normalized_score, read_reference
-from training.run_dir import RunDir, write_csv, write_json
+from common import plots, tracking
+from common.envs import make_env
+from common.errors import UserError, refuse_to_overwrite
+from common.run_dir import RunDir, write_csv, write_json
+from common.trained_policy import ModulePolicy
+from dataset_format import episode_stats
+from evaluation.config import EvaluateConfig
+from evaluation.evaluate import normalized_score, read_reference
+from training.config import OnlinePolicyConfig
 
-CURVE_METRIC = "normalized_score"
+# The learning curve's column that the stop rule reads (dvc.yaml plots it).
+SCORE = "normalized_score"
 # RLlib reports the mean return of the episodes that finished in each iteration, over at most this many.
 EPISODES_PER_ITERATION_MEAN = 100_000
 
@@ -72,9 +74,9 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         final = {k: v for k, v in curve[-1].items() if k != "iteration"}
         write_csv(run.learning_curve, curve)
         write_json(run.train_metrics, final)
-        plots.learning_curves({f"ppo-online-{name}": curve}, CURVE_METRIC, run.learning_curve_plot)
+        plots.learning_curves({f"ppo-online-{name}": curve}, SCORE, run.learning_curve_plot)
         mlflow.log_artifact(str(run.learning_curve_plot), "plots")
-    print(f"[train-online {name}] done: score {final[CURVE_METRIC]:.1f} after {final['env_steps']:,} env steps, "
+    print(f"[train-online {name}] done: score {final[SCORE]:.1f} after {final['env_steps']:,} env steps, "
           f"checkpoint {run.checkpoint}", file=sys.stderr)
     return final
 
@@ -82,8 +84,12 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
 def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict,
                      checkpoint: Path) -> list[dict]:
     """PPO iterations until the target score; the learning curve, one row per iteration."""
-    from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EPISODE_RETURN_MEAN, NUM_ENV_STEPS_SAMPLED_LIFETIME,
-                                         NUM_EPISODES_LIFETIME)
+    from ray.rllib.utils.metrics import (
+        ENV_RUNNER_RESULTS,
+        EPISODE_RETURN_MEAN,
+        NUM_ENV_STEPS_SAMPLED_LIFETIME,
+        NUM_EPISODES_LIFETIME,
+    )
 
     curve, finished, episodes, started = [], [], 0, time.monotonic()
     held_out = held_out_runner(algorithm, config, checkpoint) if config.held_out_episodes else None
@@ -107,7 +113,7 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
             score, scored_by = normalized_score(mean_return, reference), "training episodes"
             # The window must be full before it counts: a few lucky first episodes are not a policy's level.
             scored = count >= config.score_episodes
-        row.update({CURVE_METRIC: score, "time_s": time.monotonic() - started})
+        row.update({SCORE: score, "time_s": time.monotonic() - started})
         curve.append(row)
         mlflow.log_metrics({k: v for k, v in row.items() if k != "iteration"}, step=len(curve))
         print(f"[train-online {name}] iteration {len(curve)}: {env_steps:,} env steps, {episodes} episodes, "

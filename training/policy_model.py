@@ -14,14 +14,14 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
     """Loads the RLModule saved by `orl train` with RLlib and acts greedily."""
 
     def load_context(self, context):
-        from collectors.dataset import space_from_dict
-        from collectors.policies import ModulePolicy, load_rl_module
+        from common.trained_policy import ModulePolicy, load_rl_module
+        from dataset_format import space_from_dict
 
         module = load_rl_module(context.artifacts["module"])
         action_space = space_from_dict(context.model_config["action_space"])
         self.policy = ModulePolicy(module, action_space, greedy=True)
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         obs = np.asarray(model_input, dtype=np.float32)
         actions, _ = self.policy.act(obs, rngs=[], envs=[])
         return actions

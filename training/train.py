@@ -15,14 +15,15 @@ from pathlib import Path
 
 import mlflow
 
-from collectors import dataset
-from collectors.envs import env_spaces
-from collectors.errors import refuse_to_overwrite
-from collectors.policies import MODULE_SUBDIR
-from training import plots, tracking
-from training.algorithms import curve_loss, rllib_config
+import dataset_format as dataset
+from common import plots, tracking
+from common.envs import env_spaces
+from common.errors import refuse_to_overwrite
+from common.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
+from common.trained_policy import MODULE_SUBDIR
+from training.algorithms.registry import algorithm as offline_algorithm
+from training.algorithms.registry import rllib_config
 from training.config import LearnerParams
-from training.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
 
 
 def learner_metrics(result: dict) -> dict[str, float]:
@@ -63,7 +64,7 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
             algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
             print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}", file=sys.stderr)
         started = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0)
-        main_loss = curve_loss(params)
+        main_loss = offline_algorithm(algo).curve_loss
         for iteration in range(len(curve) + 1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             mlflow.log_metrics(metrics, step=iteration)
@@ -91,6 +92,7 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
         name, version = tracking.log_policy_model(card, run.checkpoint / MODULE_SUBDIR, algo)
         info = {
             "algo": algo,
+            "policy_is_distribution": offline_algorithm(algo).policy_is_distribution,
             "dataset": card.name,
             "dataset_path": str(dataset_dir),
             "env_id": card.env_id,

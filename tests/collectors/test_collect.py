@@ -8,12 +8,12 @@ import hashlib
 import numpy as np
 import pytest
 
-from collectors import dataset
+import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
-from collectors.dataset import Col
-from collectors.envs import EXPERTS
-from collectors.errors import UserError
+from common.envs import EXPERTS
+from common.errors import UserError
+from dataset_format import Col
 from tests.conftest import TINY_COLLECT
 
 

@@ -5,25 +5,33 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from collectors.errors import UserError
+from common.errors import UserError
 from pipelines.params import load_params
 from tests.conftest import REPO
 
 
+TOUR, SUITE = REPO / "params.yaml", REPO / "benchmarks" / "suite" / "params.yaml"
+
+
 def write_params(tmp_path, mutate):
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(SUITE.read_text())  # the full suite's: every section and kind of entry
     mutate(params)
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
 
 
-def test_the_default_params_parse():
-    params = load_params(REPO / "params.yaml")
+@pytest.mark.parametrize("path", [TOUR, SUITE], ids=["tour", "suite"])
+def test_the_pipelines_params_parse(path):
+    params = load_params(path)
     assert params.datasets["cartpole-expert"].policy.kind == "expert"
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
     assert set(params.train.datasets) <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
+
+
+def test_the_suite_trains_behaviour_policies_online():
+    params = load_params(SUITE)
     assert params.online_policy("lunarlander-ppo").target_score == 40
     assert params.dataset("lunarlander-ppo").policy.model == "runs/ppo-lunarlander-ppo/checkpoint"
 

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from collectors import dataset
+import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
-from collectors.errors import UserError
 from collectors.rollout import rollout_returns
-from training.config import EvaluateConfig, OnlinePolicyConfig
+from common.errors import UserError
+from evaluation.config import EvaluateConfig
+from training.config import OnlinePolicyConfig
 from training.online import latest_mean, train_online
 
 EVALUATE = EvaluateConfig()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import math
 
-from collectors import dataset
+import dataset_format as dataset
 
 
 def test_stock_bc_trains_on_the_dataset_directory(expert_dataset, ray_local):

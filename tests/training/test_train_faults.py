@@ -103,8 +103,8 @@ def _log_like_a_training_run(args) -> str:
     os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
     import mlflow
 
-    from collectors.dataset import read_card
-    from training import tracking
+    from common import tracking
+    from dataset_format import read_card
 
     card = read_card(dataset_dir)
     experiment_id = tracking.use_experiment(card.env_id)
@@ -119,7 +119,7 @@ def _log_like_a_training_run(args) -> str:
 def test_four_concurrent_writers_to_one_sqlite_store_lose_nothing(tmp_path, expert_dataset):
     from ray.rllib.algorithms.bc import BCConfig
 
-    from collectors.dataset import read_card
+    from dataset_format import read_card
 
     observation_space, action_space = read_card(expert_dataset).spaces
     module = BCConfig().environment(observation_space=observation_space, action_space=action_space) \

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import yaml
 
-from collectors import dataset
+import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.rollout import rollout_returns
+from common.run_dir import read_csv
+from common.tracking import NEWEST_ALIAS, dvc_digest
+from evaluation.report import report
 from tests.conftest import REPO, orl
-from training.report import report
-from training.run_dir import read_csv
-from training.tracking import NEWEST_ALIAS, dvc_digest
 
 TINY_TRAINING = {"iterations": 3, "updates_per_iteration": 5, "batch_size": 256, "hidden_layers": [32, 32]}
 
@@ -86,7 +86,7 @@ def test_evaluate_samples_bcs_actions_when_asked(trained_run, ray_local, tmp_pat
 def test_registered_model_predicts_and_acts_in_the_env(trained_run):
     import mlflow.pyfunc
 
-    from collectors.policies import ModulePolicy, load_rl_module
+    from common.trained_policy import ModulePolicy, load_rl_module
 
     run_dir, uri = trained_run
     mlflow.set_tracking_uri(uri)
@@ -149,8 +149,8 @@ def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
 def test_every_q_learning_model_predicts_the_checkpoints_greedy_actions(q_learning_runs, algo, env_id):
     import mlflow.pyfunc
 
-    from collectors.envs import env_spaces
-    from collectors.policies import ModulePolicy, load_rl_module
+    from common.envs import env_spaces
+    from common.trained_policy import ModulePolicy, load_rl_module
 
     runs, uri = q_learning_runs
     mlflow.set_tracking_uri(uri)

@@ -1,0 +1,10 @@
+"""Checks shared by the typed configs: each raises ValueError naming the field, which params parsing turns
+into one line naming the key in params.yaml."""
+
+
+def require_positive(config, *names: str) -> None:
+    """Raises ValueError naming the first of `names` whose value on `config` is not > 0."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")

@@ -1,0 +1,112 @@
+"""The dataset card, `_card.json`: what a dataset is, how it was made and what it holds.
+
+A dataset is a directory of Parquet files plus its card (the leading underscore makes pyarrow, pandas and Ray
+skip it when reading the directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+
+from common.errors import UserError
+from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict
+
+SCHEMA_VERSION = 1
+CARD_FILE = "_card.json"
+
+
+@dataclass
+class DatasetCard:
+    """What a dataset is, how it was made, and what it holds; stored as `_card.json`."""
+
+    name: str
+    env_id: str
+    observation_space: dict
+    action_space: dict
+    behavior_policy: dict
+    seed: int
+    episodes: int
+    transitions: int
+    returns: dict
+    episode_length: dict
+    columns: list[str]
+    files: list[dict]
+    code_version: str
+    library_versions: dict
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return space_from_dict(self.observation_space), space_from_dict(self.action_space)
+
+    @property
+    def has_action_logp(self) -> bool:
+        return Col.ACTION_LOGP in self.columns
+
+    def schema(self) -> pa.Schema:
+        return arrow_schema(*self.spaces, with_logp=self.has_action_logp)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def summary(self) -> dict:
+        """The fields worth showing a person or logging as run params."""
+        return {
+            "name": self.name,
+            "env_id": self.env_id,
+            "behavior_policy": self.behavior_policy,
+            "seed": self.seed,
+            "episodes": self.episodes,
+            "transitions": self.transitions,
+            "return_mean": self.returns["mean"],
+            "return_std": self.returns["std"],
+            "schema_version": self.schema_version,
+            "code_version": self.code_version,
+        }
+
+
+def read_card(path: str | os.PathLike) -> DatasetCard:
+    path = Path(path)
+    card_path = path / CARD_FILE
+    if not path.is_dir():
+        raise UserError(f"dataset directory {path} does not exist: run `orl collect` or `dvc repro` to create it")
+    if not card_path.is_file():
+        raise UserError(f"{card_path} is missing: {path} is not a dataset made by `orl collect`; re-collect it")
+    try:
+        data = json.loads(card_path.read_text())
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise UserError(
+                f"{card_path}: schema_version {version} is not supported (this code reads {SCHEMA_VERSION}); "
+                "re-collect the dataset with this version"
+            )
+        names = {f.name for f in dataclasses.fields(DatasetCard)}
+        card = DatasetCard(**{k: v for k, v in data.items() if k in names})
+        card.spaces  # parses both spaces, so a broken space fails here
+        return card
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise UserError(f"{card_path} is corrupt ({err}); re-collect the dataset") from None
+
+
+def summarize(values: np.ndarray) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    return {"mean": float(values.mean()), "std": float(values.std()),
+            "min": float(values.min()), "max": float(values.max())}
+
+
+def episode_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(undiscounted return, length) of each episode, in eps_id order."""
+    eps_id = column_to_numpy(table[Col.EPS_ID])
+    rewards = column_to_numpy(table[Col.REWARDS]).astype(np.float64)
+    ids, inverse, lengths = np.unique(eps_id, return_inverse=True, return_counts=True)
+    return np.bincount(inverse, weights=rewards, minlength=len(ids)), lengths

@@ -1,0 +1,115 @@
+"""Column names, spaces and the exact Arrow schema of a dataset; numpy <-> Arrow conversions.
+
+This module is the only place that names columns. Columns use RLlib's names (`ray.rllib.core.columns.Columns`),
+so stock RLlib reads a dataset as-is:
+
+    eps_id  int64                          global episode index (also its seed index)
+    t       int32                          step within the episode, 0-based
+    obs     fixed_size_list<float32>[d]    observation before the step
+    actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
+    rewards float32
+    new_obs fixed_size_list<float32>[d]    observation after the step
+    terminateds, truncateds  bool
+    action_logp float32                    log-prob of the action under the behaviour policy, where known
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+
+from common.errors import UserError
+
+
+class Col:
+    """Column names; equal to RLlib's `Columns` constants (a test checks it)."""
+
+    EPS_ID = "eps_id"
+    T = "t"
+    OBS = "obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    NEW_OBS = "new_obs"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    ACTION_LOGP = "action_logp"
+
+
+def _encode_bound(values: np.ndarray) -> list:
+    # JSON has no infinity; unbounded dimensions are written as the strings "inf"/"-inf".
+    return [float(v) if math.isfinite(v) else str(float(v)) for v in np.asarray(values).ravel()]
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "low": _encode_bound(space.low),
+            "high": _encode_bound(space.high),
+        }
+    raise UserError(f"space {space} is not supported: only Box and Discrete spaces are")
+
+
+def space_from_dict(data: dict) -> gym.Space:
+    if data["type"] == "Discrete":
+        return gym.spaces.Discrete(data["n"])
+    shape = tuple(data["shape"])
+    low = np.array([float(v) for v in data["low"]], dtype=data["dtype"]).reshape(shape)
+    high = np.array([float(v) for v in data["high"]], dtype=data["dtype"]).reshape(shape)
+    return gym.spaces.Box(low, high, shape, dtype=data["dtype"])
+
+
+def flat_dim(space: gym.spaces.Box) -> int:
+    return int(np.prod(space.shape))
+
+
+def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool) -> pa.Schema:
+    """The exact Arrow schema of a dataset with these spaces."""
+    obs_type = pa.list_(pa.float32(), flat_dim(observation_space))
+    if isinstance(action_space, gym.spaces.Discrete):
+        action_type = pa.int64()
+    else:
+        action_type = pa.list_(pa.float32(), flat_dim(action_space))
+    fields = [
+        pa.field(Col.EPS_ID, pa.int64(), nullable=False),
+        pa.field(Col.T, pa.int32(), nullable=False),
+        pa.field(Col.OBS, obs_type, nullable=False),
+        pa.field(Col.ACTIONS, action_type, nullable=False),
+        pa.field(Col.REWARDS, pa.float32(), nullable=False),
+        pa.field(Col.NEW_OBS, obs_type, nullable=False),
+        pa.field(Col.TERMINATEDS, pa.bool_(), nullable=False),
+        pa.field(Col.TRUNCATEDS, pa.bool_(), nullable=False),
+    ]
+    if with_logp:
+        fields.append(pa.field(Col.ACTION_LOGP, pa.float32(), nullable=False))
+    return pa.schema(fields)
+
+
+def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    if pa.types.is_fixed_size_list(arrow_type):
+        flat = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), -1)
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+    return pa.array(values, type=arrow_type)
+
+
+def transitions_table(columns: dict[str, np.ndarray], schema: pa.Schema) -> pa.Table:
+    """Builds one Arrow table from numpy columns (one row per transition), in schema order."""
+    return pa.Table.from_arrays(
+        [_tensor_column(columns[f.name], f.type) for f in schema], schema=schema
+    )
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column as numpy; fixed-size-list columns become 2-D arrays without per-row Python."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
+    return column.to_numpy(zero_copy_only=False)

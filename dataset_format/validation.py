@@ -1,0 +1,166 @@
+"""Every check a dataset passes before anything reads it for training (and `orl datasets validate` runs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from common.errors import UserError
+from dataset_format.card import CARD_FILE, DatasetCard, read_card
+from dataset_format.schema import Col, column_to_numpy, space_to_dict
+
+
+def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
+    """Checks a dataset directory against its card; returns the card or raises UserError naming the problem.
+
+    Checked: the card parses; with `env_spaces`, its spaces equal the environment's; the files are exactly those
+    listed; each file reads completely, has exactly the schema the card's spaces imply and the listed row count;
+    values are finite and actions inside the action space; episodes are whole, in ascending eps_id order, with
+    t counting 0, 1, ..., each ending (and only ending) with terminateds or truncateds, and obs chaining from
+    the previous step's new_obs; totals match the card. Files are checked one at a time (bounded memory).
+    """
+    card, tables = validated_tables(path, env_spaces)
+    for _ in tables:
+        pass
+    return card
+
+
+def validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None):
+    """(card, generator of each file's table once checked); the generator raises at the first problem and
+    checks the totals after the last file. Lets loaders read each file once."""
+    path = Path(path)
+    card = read_card(path)
+    if env_spaces is not None:
+        for what, ours, env_space in zip(("observation", "action"), card.spaces, env_spaces):
+            if space_to_dict(ours) != space_to_dict(env_space):
+                raise UserError(
+                    f"{path}: the dataset's {what} space {ours} does not match {card.env_id}'s {env_space}; "
+                    "use a dataset collected on this environment"
+                )
+    if card.transitions == 0 or not card.files:
+        raise UserError(f"{path} is empty (no transitions); collect it with episodes > 0")
+    listed = {f["path"] for f in card.files}
+    on_disk = {p.name for p in path.glob("*.parquet")}
+    if on_disk != listed:
+        extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
+        raise UserError(
+            f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
+        )
+
+    def tables():
+        rows, episodes, chain = 0, 0, _Chain()
+        for entry in card.files:
+            file = path / entry["path"]
+            file_rows = 0
+            for table in _row_groups_checked(file, card.schema(), entry["rows"]):
+                group_episodes, chain = _check_values(file, table, card.spaces, chain, file_rows)
+                file_rows, episodes = file_rows + table.num_rows, episodes + group_episodes
+                yield table
+            if not chain.ended:
+                raise UserError(f"{file}: column '{Col.TERMINATEDS}' at row {file_rows - 1} ends its episode "
+                                "without terminateds or truncateds; re-collect the dataset")
+            rows += file_rows
+        if (rows, episodes) != (card.transitions, card.episodes):
+            raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
+                            f"{card.transitions} in {card.episodes}; re-collect the dataset")
+
+    return card, tables()
+
+
+def _row_groups_checked(file: Path, expected: pa.Schema, rows: int):
+    """The file's row groups as tables, once its schema and row count are checked: memory holds one group
+    (131,072 rows as collected), not the file."""
+    try:
+        _check_schema(file, pq.read_schema(file), expected)
+        parquet = pq.ParquetFile(file)
+        if parquet.metadata.num_rows != rows:
+            raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
+                            "re-collect the dataset")
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group)
+    except (OSError, pa.ArrowException) as err:
+        reason = str(err).splitlines()[0]
+        raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
+
+
+@dataclass
+class _Chain:
+    """The last row checked, which the next row continues unless it ended its episode."""
+
+    eps_id: int = -1
+    t: int = -1
+    ended: bool = True
+    new_obs: np.ndarray | None = None
+
+
+def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Space], chain: _Chain,
+                  first_row: int) -> tuple[int, _Chain]:
+    """Value and episode-structure checks of consecutive rows of a file (a row group) that follow `chain`;
+    `first_row` is the first one's row in the file. Returns (episodes started in them, their last row)."""
+    def fail(column: str, row: int, problem: str):
+        raise UserError(f"{file}: column '{column}' at row {first_row + row} {problem}; re-collect the dataset")
+
+    if table.num_rows == 0:
+        return 0, chain
+    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
+    for name in (Col.OBS, Col.NEW_OBS, Col.REWARDS, Col.ACTION_LOGP):
+        if name in arrays:
+            bad = ~np.isfinite(arrays[name])
+            bad = bad.reshape(len(bad), -1).any(axis=1)
+            if bad.any():
+                fail(name, int(bad.argmax()), "holds NaN or inf")
+    _, action_space = spaces
+    actions = arrays[Col.ACTIONS]
+    if isinstance(action_space, gym.spaces.Discrete):
+        outside = (actions < 0) | (actions >= action_space.n)
+    else:
+        outside = ((actions < action_space.low.ravel()) | (actions > action_space.high.ravel())).any(axis=1)
+    if outside.any():
+        fail(Col.ACTIONS, int(outside.argmax()), f"is outside the action space {action_space}")
+
+    # Each row against the row before it (the chain's, for the first): a row starts an episode exactly when
+    # the row before ended one.
+    eps_id, t, obs, new_obs = arrays[Col.EPS_ID], arrays[Col.T], arrays[Col.OBS], arrays[Col.NEW_OBS]
+    done = arrays[Col.TERMINATEDS] | arrays[Col.TRUNCATEDS]
+    starts = np.r_[chain.ended, done[:-1]]
+    previous_eps_id = np.r_[chain.eps_id, eps_id[:-1]]
+    early = starts & (eps_id == previous_eps_id)
+    early[0] &= first_row > 0  # at a file's first row the chain is the previous file's: an order problem
+    if early.any():
+        fail(Col.TERMINATEDS, int(early.argmax()) - 1, "ends its episode early")
+    unended = np.flatnonzero(~starts & (eps_id != previous_eps_id))
+    if len(unended):
+        fail(Col.TERMINATEDS, int(unended[0]) - 1, "ends its episode without terminateds or truncateds")
+    out_of_order = np.flatnonzero(starts & (eps_id <= previous_eps_id))
+    if len(out_of_order):
+        fail(Col.EPS_ID, int(out_of_order[0]), "breaks the order: episodes must be whole and in ascending eps_id order")
+    expected_t = np.where(starts, 0, np.r_[chain.t, t[:-1]] + 1)
+    if np.any(t != expected_t):
+        row = int(np.argmax(t != expected_t))
+        fail(Col.T, row, f"is {t[row]} where episode {eps_id[row]} is at step {expected_t[row]}")
+    previous_new_obs = np.concatenate([new_obs[:1] if chain.new_obs is None else chain.new_obs[None], new_obs[:-1]])
+    mismatch = np.flatnonzero(~starts & np.any(obs != previous_new_obs, axis=1))
+    if len(mismatch):
+        fail(Col.OBS, int(mismatch[0]), "is not the previous step's new_obs")
+    return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), new_obs[-1].copy())
+
+
+def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
+    for expected_field in expected:
+        if expected_field.name not in actual.names:
+            raise UserError(f"{file}: column '{expected_field.name}' is missing; re-collect the dataset")
+        actual_type = actual.field(expected_field.name).type
+        if actual_type != expected_field.type:
+            raise UserError(
+                f"{file}: column '{expected_field.name}' has type {actual_type}, expected {expected_field.type}; "
+                "re-collect the dataset"
+            )
+    unexpected = [name for name in actual.names if name not in expected.names]
+    if unexpected:
+        raise UserError(f"{file}: unexpected columns {unexpected}; re-collect the dataset")

@@ -1,0 +1,89 @@
+"""`orl reference` and `orl evaluate`: seeded episodes in the real environment, in parallel Ray actors.
+
+The normalized score is D4RL's: 100 * (R - R_random) / (R_expert - R_random), where both references are
+measured here on the same evaluation seeds as the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import mlflow
+
+from collectors.config import PolicyConfig
+from collectors.rollout import rollout_returns
+from common import plots, tracking
+from common.errors import UserError
+from common.run_dir import RunDir, write_csv, write_json
+from dataset_format import summarize
+from evaluation.config import EvaluateConfig
+
+REFERENCE_POLICIES = ("random", "expert")
+
+
+def reference_path(references_dir: Path, env_id: str) -> Path:
+    return Path(references_dir) / f"{env_id}.json"
+
+
+def measure_references(env_ids: list[str], config: EvaluateConfig, references_dir: str | Path) -> None:
+    """Writes references/ENV.json: random and expert returns on the evaluation seeds."""
+    for env_id in sorted(set(env_ids)):
+        result = {"env_id": env_id, "seed": config.seed, "episodes": config.episodes}
+        for kind in REFERENCE_POLICIES:
+            returns = rollout_returns(env_id, PolicyConfig(kind=kind), config.seed, config.episodes,
+                                      config.num_workers, label=f"reference {env_id} {kind}")
+            result[kind] = summarize(returns)
+        write_json(reference_path(Path(references_dir), env_id), result)
+        print(f"[reference {env_id}] random {result['random']['mean']:.1f}, expert {result['expert']['mean']:.1f}",
+              file=sys.stderr)
+
+
+def read_reference(references_dir: str | Path, env_id: str, config: EvaluateConfig) -> dict:
+    path = reference_path(Path(references_dir), env_id)
+    if not path.is_file():
+        raise UserError(f"{path} is missing; run `orl reference` (or dvc repro) first")
+    reference = json.loads(path.read_text())
+    if (reference["seed"], reference["episodes"]) != (config.seed, config.episodes):
+        raise UserError(f"{path} was measured on other evaluation seeds than evaluate.seed/episodes; "
+                        "re-run `orl reference`")
+    return reference
+
+
+def normalized_score(mean_return: float, reference: dict) -> float:
+    random, expert = reference["random"]["mean"], reference["expert"]["mean"]
+    return 100.0 * (mean_return - random) / (expert - random)
+
+
+def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateConfig) -> dict:
+    """Evaluates the policy of a training run, greedy unless `config.sample_actions` (BC and MARWIL); writes
+    eval.json and logs it to the run's MLflow run."""
+    run = RunDir(Path(run_dir))
+    if not run.run_info.is_file():
+        raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
+    info = run.info()
+    reference = read_reference(references_dir, info["env_id"], config)
+    tracking.connect()  # before the episodes, so an unreachable server fails fast
+    sampled = config.sample_actions and info["policy_is_distribution"]
+    actions = "sampled" if sampled else "greedy"
+    policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
+    returns = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
+                              label=f"evaluate {run.path.name}")
+    stats = summarize(returns)
+    metrics = {f"return_{k}": v for k, v in stats.items()}
+    metrics["normalized_score"] = normalized_score(stats["mean"], reference)
+    metrics["episodes"] = len(returns)
+    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled})
+    write_csv(run.eval_returns, [{"episode": i, "return": float(r)} for i, r in enumerate(returns)])
+    plots.return_distributions({run.path.name: list(returns)},
+                               {k: reference[k]["mean"] for k in REFERENCE_POLICIES}, run.eval_returns_plot)
+
+    with mlflow.start_run(run_id=info["mlflow_run_id"]):
+        mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
+        mlflow.set_tag("eval.actions", actions)
+        mlflow.log_artifact(str(run.eval_returns_plot), "plots")
+    print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± "
+          f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
+    return metrics
+

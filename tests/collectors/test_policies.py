@@ -1,0 +1,213 @@
+"""Behaviour policies: their actions and the log-probabilities they report, seeded per row."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import mlflow
+import numpy as np
+import pytest
+
+from collectors.config import PolicyConfig
+from collectors.policies import (
+    ExpertPolicy,
+    MixturePolicy,
+    RandomPolicy,
+    build_policy,
+    knows_logp,
+    worker_env_vars,
+)
+from common.envs import EXPERTS, env_spaces, make_env
+from common.errors import UserError
+from common.trained_policy import ModulePolicy
+
+DISCRETE = gym.spaces.Discrete(3)
+BOX = gym.spaces.Box(np.array([0.0, -1.0], np.float32), np.array([2.0, 3.0], np.float32))  # widths 2 and 4
+
+
+def rngs(rows: int, seed: int = 0) -> list[np.random.Generator]:
+    return [np.random.default_rng([seed, row]) for row in range(rows)]
+
+
+def observations(env_id: str, rows: int) -> np.ndarray:
+    """`rows` observations from seeded resets of the env."""
+    env = make_env(env_id)
+    try:
+        return np.stack([env.reset(seed=i)[0] for i in range(rows)])
+    finally:
+        env.close()
+
+
+@pytest.fixture
+def tracking_uri(monkeypatch):
+    """Sets MLflow's tracking URI for one test; MLflow's global URI and MLFLOW_TRACKING_URI are put back after."""
+    from mlflow.tracking._tracking_service import utils
+
+    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
+
+    def use(uri: str) -> None:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # recorded, so restored; set_tracking_uri sets it too
+        mlflow.set_tracking_uri(uri)
+
+    return use
+
+
+def test_random_logp_is_minus_log_n_for_discrete_and_its_samples_are_uniform():
+    policy = RandomPolicy(DISCRETE)
+    actions, logp = policy.act(np.zeros((3000, 1)), rngs(3000), [None] * 3000)
+    assert logp.dtype == np.float32 and logp.shape == (3000,)
+    np.testing.assert_allclose(logp, -math.log(3), rtol=1e-6)
+    assert set(actions.tolist()) == {0, 1, 2}
+    np.testing.assert_allclose(np.bincount(actions) / 3000, [1 / 3] * 3, atol=0.03)
+
+
+def test_random_logp_is_minus_the_log_volume_of_a_box_and_its_samples_lie_inside():
+    policy = RandomPolicy(BOX)
+    actions, logp = policy.act(np.zeros((2000, 1)), rngs(2000), [None] * 2000)
+    np.testing.assert_allclose(logp, -(math.log(2.0) + math.log(4.0)), rtol=1e-6)  # density 1/8
+    assert actions.dtype == np.float32 and actions.shape == (2000, 2)
+    assert np.all(actions >= BOX.low) and np.all(actions <= BOX.high)
+    np.testing.assert_allclose(actions.mean(axis=0), [1.0, 1.0], atol=0.1)
+    np.testing.assert_allclose(RandomPolicy(env_spaces("Pendulum-v1")[1]).logp, -math.log(4.0), rtol=1e-6)
+
+
+def test_random_actions_depend_only_on_each_rows_generator():
+    policy = RandomPolicy(BOX)
+    whole, _ = policy.act(np.zeros((6, 1)), rngs(6), [None] * 6)
+    # Rows 3..5 alone, with the same generators: the same actions.
+    part, _ = policy.act(np.zeros((3, 1)), rngs(6)[3:], [None] * 3)
+    np.testing.assert_array_equal(whole[3:], part)
+
+
+def test_expert_acts_as_the_hand_written_controller_with_probability_one():
+    obs = observations("Acrobot-v1", 50)
+    env = make_env("Acrobot-v1")
+    actions, logp = ExpertPolicy("Acrobot-v1", env.action_space).act(obs, rngs(50), [env] * 50)
+    assert actions.tolist() == [EXPERTS["Acrobot-v1"](o, env) for o in obs]
+    np.testing.assert_array_equal(logp, np.zeros(50, dtype=np.float32))
+
+
+def test_expert_on_continuous_actions_reports_no_density():
+    obs = observations("Pendulum-v1", 10)
+    space = env_spaces("Pendulum-v1")[1]
+    actions, logp = ExpertPolicy("Pendulum-v1", space).act(obs, rngs(10), [None] * 10)
+    assert logp is None
+    np.testing.assert_array_equal(actions, np.stack([EXPERTS["Pendulum-v1"](o, None) for o in obs]))
+    _, noisy_logp = ExpertPolicy("Pendulum-v1", space, noise=0.1).act(obs, rngs(10), [None] * 10)
+    assert noisy_logp is None
+
+
+def test_expert_refuses_action_noise_on_discrete_actions():
+    with pytest.raises(UserError, match="action_noise applies to continuous actions; CartPole-v1's are discrete: "
+                                        "use kind 'mixture' with epsilon instead"):
+        ExpertPolicy("CartPole-v1", env_spaces("CartPole-v1")[1], noise=0.2)
+    with pytest.raises(UserError, match="action_noise"):
+        MixturePolicy("CartPole-v1", env_spaces("CartPole-v1")[1], epsilon=0.1, noise=0.2)
+
+
+def test_mixture_logp_is_the_mixture_formula_and_matches_its_action_frequencies():
+    """epsilon 0.3 over Acrobot's 3 actions: the expert's action has p = 0.7 + 0.1, each other one p = 0.1."""
+    rows, epsilon = 20_000, 0.3
+    env = make_env("Acrobot-v1")
+    obs = np.tile(observations("Acrobot-v1", 20), (rows // 20, 1))
+    expert = np.array([EXPERTS["Acrobot-v1"](o, env) for o in obs])
+    actions, logp = MixturePolicy("Acrobot-v1", env.action_space, epsilon).act(obs, rngs(rows), [env] * rows)
+
+    is_expert = actions == expert
+    np.testing.assert_allclose(np.exp(logp[is_expert]), (1 - epsilon) + epsilon / 3, rtol=1e-6)
+    np.testing.assert_allclose(np.exp(logp[~is_expert]), epsilon / 3, rtol=1e-6)
+    # Empirical frequencies of the expert's action and of each other action agree with those probabilities.
+    assert is_expert.mean() == pytest.approx(0.8, abs=0.015)
+    for other in (0, 1, 2):
+        chosen = (actions == other) & ~is_expert
+        assert chosen.sum() / rows == pytest.approx(0.1 * np.mean(expert != other), abs=0.01)
+    # Seeded per row: the same generators give the same actions.
+    again, _ = MixturePolicy("Acrobot-v1", env.action_space, epsilon).act(obs, rngs(rows), [env] * rows)
+    np.testing.assert_array_equal(actions, again)
+
+
+def test_mixture_extremes_are_the_expert_and_the_uniform_policy():
+    env = make_env("CartPole-v1")
+    obs = observations("CartPole-v1", 400)
+    expert = np.array([EXPERTS["CartPole-v1"](o, env) for o in obs])
+    actions, logp = MixturePolicy("CartPole-v1", env.action_space, 0.0).act(obs, rngs(400), [env] * 400)
+    np.testing.assert_array_equal(actions, expert)
+    np.testing.assert_allclose(logp, 0.0, atol=1e-7)
+    actions, logp = MixturePolicy("CartPole-v1", env.action_space, 1.0).act(obs, rngs(400), [env] * 400)
+    np.testing.assert_allclose(logp, math.log(0.5), rtol=1e-6)
+    assert 0.4 < np.mean(actions == expert) < 0.6
+
+
+def test_mixture_on_continuous_actions_reports_no_density_and_stays_in_bounds():
+    space = env_spaces("Pendulum-v1")[1]
+    obs = observations("Pendulum-v1", 200)
+    expert = np.stack([EXPERTS["Pendulum-v1"](o, None) for o in obs])
+    actions, logp = MixturePolicy("Pendulum-v1", space, 0.5).act(obs, rngs(200), [None] * 200)
+    assert logp is None
+    assert np.all(np.abs(actions) <= 2.0)
+    assert 0.35 < np.mean(np.all(actions == expert, axis=1)) < 0.65
+
+
+@pytest.mark.parametrize("kind,space,expected", [
+    ("random", DISCRETE, True), ("random", BOX, True),
+    ("expert", DISCRETE, True), ("expert", BOX, False),
+    ("mixture", DISCRETE, True), ("mixture", BOX, False),
+    ("model", DISCRETE, True), ("model", BOX, False),
+])
+def test_knows_logp_for_uniform_or_discrete_policies_only(kind, space, expected):
+    config = PolicyConfig(kind=kind, model="checkpoint" if kind == "model" else "")
+    assert knows_logp(config, space) is expected
+
+
+def test_worker_env_vars_make_a_relative_sqlite_store_absolute(tmp_path, monkeypatch, tracking_uri):
+    monkeypatch.chdir(tmp_path)
+    tracking_uri("sqlite:///stores/mlflow.db")
+    config = PolicyConfig(kind="model", model="models:/CartPole-v1-bc@newest")
+    env = worker_env_vars(config)
+    assert env == {"MLFLOW_TRACKING_URI": f"sqlite:///{(tmp_path / 'stores' / 'mlflow.db').resolve()}"}
+    assert env["MLFLOW_TRACKING_URI"].startswith("sqlite:////")
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////var/store/mlflow.db", "http://127.0.0.1:5000"])
+def test_worker_env_vars_pass_absolute_stores_unchanged(uri, monkeypatch, tracking_uri):
+    tracking_uri(uri)
+    assert worker_env_vars(PolicyConfig(kind="model", model="runs:/0123/policy")) == {"MLFLOW_TRACKING_URI": uri}
+
+
+@pytest.mark.parametrize("config", [
+    PolicyConfig(kind="random"), PolicyConfig(kind="expert"), PolicyConfig(kind="mixture", epsilon=0.2),
+    PolicyConfig(kind="model", model="runs/bc-cartpole-expert/checkpoint"),
+])
+def test_worker_env_vars_are_empty_for_policies_not_loaded_from_mlflow(config, monkeypatch, tracking_uri):
+    tracking_uri("sqlite:///mlflow.db")
+    assert worker_env_vars(config) == {}
+
+
+def test_build_policy_builds_each_kind(tmp_path, monkeypatch, tracking_uri):
+    from ray.rllib.algorithms.bc import BCConfig
+
+    space = env_spaces("CartPole-v1")[1]
+    assert type(build_policy(PolicyConfig(kind="random"), "CartPole-v1", space)) is RandomPolicy
+    assert type(build_policy(PolicyConfig(kind="expert"), "CartPole-v1", space)) is ExpertPolicy
+    mixture = build_policy(PolicyConfig(kind="mixture", epsilon=0.25), "CartPole-v1", space)
+    assert type(mixture) is MixturePolicy and mixture.epsilon == 0.25
+
+    # kind model: an RLModule directory, loaded and sampling valid actions with their log-probs.
+    observation_space, action_space = env_spaces("CartPole-v1")
+    BCConfig().environment(observation_space=observation_space, action_space=action_space) \
+        .get_rl_module_spec().build().save_to_path(tmp_path / "module")
+    policy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module")), "CartPole-v1", space)
+    assert type(policy) is ModulePolicy and not policy.greedy
+    actions, logp = policy.act(observations("CartPole-v1", 8), rngs(8), [None] * 8)
+    assert set(actions.tolist()) <= {0, 1} and logp.shape == (8,) and np.all(logp < 0)
+    greedy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module"), greedy=True), "CartPole-v1",
+                          space)
+    assert greedy.greedy
+
+    # A directory that is no checkpoint, and an MLflow URI the store does not know, are user errors.
+    with pytest.raises(UserError, match="is not a checkpoint made by `orl train`"):
+        build_policy(PolicyConfig(kind="model", model=str(tmp_path)), "CartPole-v1", space)
+    tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(UserError, match="cannot load MLflow model 'models:/CartPole-v1-bc@newest'"):
+        build_policy(PolicyConfig(kind="model", model="models:/CartPole-v1-bc@newest"), "CartPole-v1", space)

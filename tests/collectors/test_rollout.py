@@ -1,0 +1,89 @@
+"""The stepping loop: per-episode seeds, whole episodes in order whatever the env count, and the Ray map that
+gives evaluation its returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from collectors.config import PolicyConfig
+from collectors.rollout import EpisodeRunner, episode_seeds, rollout_returns
+from dataset_format import Col, column_to_numpy, episode_stats
+
+MIXTURE = PolicyConfig(kind="mixture", epsilon=0.5)  # short, random CartPole episodes (about 10-60 steps)
+
+
+def columns(table) -> dict[str, np.ndarray]:
+    return {name: column_to_numpy(table[name]) for name in table.column_names}
+
+
+def test_episode_seeds_are_deterministic():
+    env_seed, rng = episode_seeds(7, 3)
+    env_seed_again, rng_again = episode_seeds(7, 3)
+    assert type(env_seed) is int and env_seed == env_seed_again
+    np.testing.assert_array_equal(rng.random(5), rng_again.random(5))
+
+
+def test_episode_seeds_differ_between_episodes_and_between_runs():
+    env_seeds = [episode_seeds(7, i)[0] for i in range(50)] + [episode_seeds(8, i)[0] for i in range(50)]
+    assert len(set(env_seeds)) == 100
+    draws = [episode_seeds(7, i)[1].random() for i in range(50)]
+    assert len(set(draws)) == 50
+
+
+def test_run_returns_whole_episodes_in_ascending_eps_id_with_t_from_zero():
+    runner = EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=3)
+    table = runner.run([4, 0, 3, 1, 2])  # handed out of order
+    data = columns(table)
+    eps_id, t = data[Col.EPS_ID], data[Col.T]
+
+    assert table.schema == runner.schema and Col.ACTION_LOGP in table.column_names
+    assert np.all(np.diff(eps_id) >= 0) and list(np.unique(eps_id)) == [0, 1, 2, 3, 4]
+    ends = data[Col.TERMINATEDS] | data[Col.TRUNCATEDS]
+    for episode in range(5):
+        rows = eps_id == episode
+        assert list(t[rows]) == list(range(rows.sum()))
+        # Whole: the last step, and only it, ends the episode; each step starts where the one before ended.
+        assert list(np.flatnonzero(ends[rows])) == [rows.sum() - 1]
+        np.testing.assert_array_equal(data[Col.OBS][rows][1:], data[Col.NEW_OBS][rows][:-1])
+    np.testing.assert_allclose(np.unique(np.exp(data[Col.ACTION_LOGP]).round(6)), [0.25, 0.75])
+
+
+def test_run_gives_the_same_table_whatever_num_envs():
+    eps_ids = list(range(6))
+    tables = [EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=n).run(eps_ids) for n in (1, 2, 4, 8)]
+    for table in tables[1:]:
+        assert table.equals(tables[0])
+
+
+def test_each_episode_depends_only_on_its_seed_and_index():
+    """An episode run alone is the same as run among others; another seed gives other episodes."""
+    together = EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=2).run([0, 1, 2])
+    alone = EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=1).run([2])
+    assert alone.equals(together.filter(pa.array(columns(together)[Col.EPS_ID] == 2)))
+    other_seed = EpisodeRunner("CartPole-v1", MIXTURE, seed=12, num_envs=1).run([2])
+    assert not other_seed.equals(alone)
+
+
+def test_random_episodes_are_whole_episodes_of_the_uniform_policy():
+    config = PolicyConfig(kind="expert", random_episodes=0.5)
+    data = columns(EpisodeRunner("CartPole-v1", config, seed=5, num_envs=3).run(list(range(12))))
+    per_episode = {int(e): set(np.exp(data[Col.ACTION_LOGP][data[Col.EPS_ID] == e]).round(6))
+                   for e in np.unique(data[Col.EPS_ID])}
+    assert set(map(frozenset, per_episode.values())) == {frozenset({1.0}), frozenset({0.5})}, per_episode
+
+
+def test_continuous_actions_without_a_density_have_no_logp_column():
+    table = EpisodeRunner("Pendulum-v1", PolicyConfig(kind="expert"), seed=0, num_envs=2).run([0, 1])
+    assert Col.ACTION_LOGP not in table.column_names
+    assert table.num_rows == 400  # Pendulum truncates at 200 steps
+
+
+@pytest.mark.parametrize("config", [MIXTURE, PolicyConfig(kind="random")])
+def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_local):
+    returns = rollout_returns("CartPole-v1", config, seed=21, episodes=5, num_workers=2, label="test")
+    local, _ = episode_stats(EpisodeRunner("CartPole-v1", config, seed=21, num_envs=1).run(list(range(5))))
+    assert returns.shape == (5,)
+    np.testing.assert_array_equal(returns, local)
+    assert len(set(returns.tolist())) > 1  # distinct episodes, not one repeated

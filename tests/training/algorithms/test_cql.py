@@ -1,0 +1,54 @@
+"""CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
+actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+import dataset_format as dataset
+from common.errors import UserError
+from common.trained_policy import ModulePolicy, load_rl_module
+from dataset_format import Col
+from tests.conftest import built_algorithm
+from training.algorithms.registry import rllib_config
+from training.config import CQLParams, DQNParams
+
+BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
+
+
+def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
+    card = dataset.read_card(pendulum_dataset)
+    with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
+        assert algorithm.env_runner_group is None
+        module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+        q_layers = [m for m in (*module.qf_encoder.modules(), *module.qf.modules()) if isinstance(m, torch.nn.Linear)]
+        # Q(s, a) as in the CQL paper and d3rlpy: one MLP over Pendulum's 3 obs and 1 action, not RLlib's streams.
+        assert [(layer.in_features, layer.out_features) for layer in q_layers] == [(4, 32), (32, 32), (32, 1)]
+        batch = algorithm.offline_data.sample(num_samples=128, num_shards=0)["default_policy"]
+        data_actions = dataset.load_arrays(pendulum_dataset)[Col.ACTIONS]
+        assert np.abs(data_actions).max() > 1.5  # Pendulum's torque bound is 2
+        assert np.abs(batch[Col.ACTIONS]).max() <= 1.0  # what the squashed policy can represent
+        for _ in range(BUDGET["iterations"]):
+            stats = algorithm.train()["learners"]["default_policy"]
+        assert np.isfinite(stats["qf_loss"]) and np.isfinite(stats["policy_loss"])
+        algorithm.save_to_path(tmp_path / "cql")
+    del algorithm
+    gc.collect()
+
+    policy = ModulePolicy(load_rl_module(tmp_path / "cql"), card.spaces[1], greedy=True)
+    assert policy.squashed
+    obs = dataset.load_arrays(pendulum_dataset)[Col.OBS][:64]
+    actions, _ = policy.act(obs, [np.random.default_rng(i) for i in range(64)], envs=None)
+    assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)
+
+
+def test_algorithms_refuse_the_wrong_action_space(pendulum_dataset, expert_dataset):
+    with pytest.raises(UserError, match="needs discrete actions"):
+        rllib_config("dqn", DQNParams(), dataset.read_card(pendulum_dataset).spaces, pendulum_dataset, seed=0)
+    with pytest.raises(UserError, match="needs continuous"):
+        rllib_config("cql", CQLParams(), dataset.read_card(expert_dataset).spaces, expert_dataset, seed=0)

@@ -1,0 +1,196 @@
+"""Train batches built from columns: the same batches RLlib's pre-learner builds, and MARWIL's true returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import dataset_format as dataset
+from dataset_format import Col
+from pipelines.params import load_params
+from training.algorithms import batch_columns
+from training.algorithms.batch_columns import N_STEP, cloning_batch, flat, transitions, with_n_step, with_returns
+from training.algorithms.registry import rllib_config
+from training.algorithms.train_batches import InMemoryBatches
+
+GAMMA = 0.5
+
+
+def _rows(path, start: int, n: int) -> pa.Table:
+    return pq.read_table(path / dataset.read_card(path).files[0]["path"]).slice(start, n)
+
+
+def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
+    """Byte-for-byte the batch RLlib's OfflinePreLearner builds through one-step episodes and its connectors."""
+    from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+
+    spaces = dataset.read_card(mixture_dataset).spaces
+    config = rllib_config("bc", load_params("params.yaml").algos.bc, spaces, mixture_dataset, seed=0)
+    config.rl_module(rl_module_spec=config.get_multi_rl_module_spec(spaces={"default_policy": spaces}))
+    rows = _rows(mixture_dataset, 5, 300)
+    rllib_batch = OfflinePreLearner(config=config, spaces=spaces)(
+        {name: rows[name].to_numpy() for name in rows.column_names})  # as Ray Data hands it numpy batches
+    ours = flat(transitions(rows))
+
+    assert sorted(ours) == sorted(rllib_batch)
+    for key, values in rllib_batch.items():
+        np.testing.assert_array_equal(ours[key], values.numpy(), err_msg=key)
+        assert ours[key].dtype == values.numpy().dtype, key
+
+
+def _two_episodes() -> pa.Table:
+    """Episode 7 started before this batch (t = 3, 4) and ends here; episode 8 runs out of the batch."""
+    new_obs = np.repeat(np.arange(5, dtype=np.float32), 2)  # row i's next observation is [i, i]
+    return pa.table({
+        Col.EPS_ID: [7, 7, 8, 8, 8], Col.T: [3, 4, 0, 1, 2], Col.ACTIONS: [0] * 5,
+        Col.OBS: pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(10, dtype=np.float32)), 2),
+        Col.NEW_OBS: pa.FixedSizeListArray.from_arrays(pa.array(new_obs), 2),
+        Col.REWARDS: [1.0, 2.0, 4.0, 8.0, 16.0],
+        Col.TERMINATEDS: [False, True, False, False, False], Col.TRUNCATEDS: [False] * 5,
+    })
+
+
+def test_batch_columns_use_rllibs_names_without_importing_torch_or_rllib():
+    """Ray Data workers import batch_columns to map rows: torch and RLlib there would make each worker
+    slow to start and large."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+
+    assert batch_columns.DEFAULT_MODULE_ID == DEFAULT_MODULE_ID
+    for name in ("OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "ACTION_LOGP",
+                 "VALUE_TARGETS", "LOSS_MASK"):
+        assert getattr(batch_columns, name) == getattr(Columns, name), name
+    imported = subprocess.run([sys.executable, "-c", "import sys, training.algorithms.batch_columns; "
+                               "print(sorted({'torch', 'ray.rllib'} & set(sys.modules)))"],
+                              capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
+
+
+def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
+    out = with_returns(_two_episodes(), gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
+    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
+
+
+def test_returns_of_an_episode_cut_by_the_time_limit_are_bootstrapped_from_its_last_new_obs():
+    rows = _two_episodes()
+    rows = rows.set_column(rows.schema.get_field_index(Col.TRUNCATEDS), Col.TRUNCATEDS,
+                           pa.array([False, False, False, False, True]))  # episode 8 reaches the time limit
+    out = with_returns(rows, gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
+    # The learner adds discount * V(bootstrap_obs): 0 for the terminated episode, gamma^(steps to the limit).
+    np.testing.assert_allclose(out["default_policy/bootstrap_discount"], [0, 0, 0.5 ** 3, 0.5 ** 2, 0.5])
+    np.testing.assert_array_equal(out["default_policy/bootstrap_obs"][2:], [[4, 4]] * 3)
+    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True] * 5)
+
+
+def test_n_step_transitions_stop_at_the_end_of_an_episode_or_batch():
+    out = with_n_step(_two_episodes(), n=2, gamma=GAMMA)
+    np.testing.assert_allclose(out["default_policy/rewards"], [1 + 0.5 * 2, 2, 4 + 0.5 * 8, 8 + 0.5 * 16, 16])
+    np.testing.assert_array_equal(out[f"default_policy/{N_STEP}"], [2, 1, 2, 2, 1])
+    np.testing.assert_array_equal(out["default_policy/new_obs"][:, 0], [1, 1, 3, 4, 4])
+    np.testing.assert_array_equal(out["default_policy/terminateds"], [True, True, False, False, False])
+    np.testing.assert_array_equal(out["default_policy/obs"], transitions(_two_episodes())["obs"])
+
+
+def _mapped(config) -> dict[str, np.ndarray]:
+    """Every train batch the algorithm's offline data class maps from the dataset's rows."""
+    batches = list(config.offline_data_class(config).data.iter_batches(batch_size=None))
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset, ray_local):
+    """Through Ray Data over the real files: every step is in the loss, with the return of its episode."""
+    params = dataclasses.replace(load_params("params.yaml").algos.marwil, gamma=GAMMA)
+    spaces = dataset.read_card(mixture_dataset).spaces
+    batch = _mapped(rllib_config("marwil", params, spaces, mixture_dataset, seed=0))
+
+    arrays = dataset.load_arrays(mixture_dataset)
+    expected = np.zeros(len(arrays[Col.REWARDS]))
+    for i in reversed(range(len(expected))):
+        later = i + 1 < len(expected) and arrays[Col.EPS_ID][i + 1] == arrays[Col.EPS_ID][i]
+        expected[i] = arrays[Col.REWARDS][i] + GAMMA * (expected[i + 1] if later else 0.0)
+    # Ray Data may hand the files over in any order: match rows by their observation.
+    expected_by_obs = {obs.tobytes(): value for obs, value in zip(arrays[Col.OBS], expected)}
+    assert len(batch["default_policy/obs"]) == len(expected) and batch["default_policy/loss_mask"].all()
+    np.testing.assert_allclose(batch["default_policy/value_targets"],
+                               [expected_by_obs[obs.tobytes()] for obs in batch["default_policy/obs"]], rtol=1e-6)
+
+
+def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
+    """Through Ray Data over the real files: CartPole pays 1 per step, so a k-step reward is sum of gamma^i."""
+    params = load_params("params.yaml").algos.dqn
+    params = type(params)(**{**params.__dict__, "n_step": 3, "gamma": GAMMA})
+    batch = _mapped(rllib_config("dqn", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0))
+    steps = batch[f"default_policy/{N_STEP}"]
+    assert set(steps) == {1, 2, 3} and (steps == 3).mean() > 0.5
+    np.testing.assert_allclose(batch["default_policy/rewards"], (1 - GAMMA**steps) / (1 - GAMMA), rtol=1e-6)
+    # The last 3 steps of every terminated episode (CartPole's last at least 8) bootstrap from its end.
+    assert batch["default_policy/terminateds"].sum() == 3 * dataset.load_arrays(mixture_dataset)[Col.TERMINATEDS].sum()
+
+
+@pytest.mark.parametrize("cache_mib, in_memory", [(1024, True), (0, False)])
+def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, in_memory):
+    from ray.data import DataIterator
+
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    data = config.offline_data_class(config)
+    [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
+    assert isinstance(iterator, InMemoryBatches if in_memory else DataIterator)
+    if not in_memory:  # reading ahead stays within the object-store budget, in blocks of the set size
+        limits = data.data.context.execution_options.resource_limits
+        assert limits.object_store_memory == params.stream_read_ahead_mib * 2**20
+        assert data.data.context.target_max_block_size == params.stream_block_mib * 2**20
+    batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
+    rows = dataset.read_card(mixture_dataset).transitions
+    assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
+    assert sorted(batches[0]) == sorted(cloning_batch(_rows(mixture_dataset, 0, 1)))  # BC's two columns
+
+
+def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
+    params = load_params("params.yaml").algos.bc
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    data = config.offline_data_class(config).in_memory
+    passes = [torch.cat([batch["default_policy/obs"] for batch in data.iter_torch_batches(batch_size=100)])
+              for _ in range(2)]
+    everything = {row.numpy().tobytes() for row in data.columns["default_policy/obs"]}
+    for seen in passes:
+        assert len(seen) == data.rows // 100 * 100
+        assert len({row.numpy().tobytes() for row in seen}) == len(seen) and {
+            row.numpy().tobytes() for row in seen} <= everything  # each row at most once per pass
+    assert not torch.equal(passes[0], passes[1])
+    assert len(list(data.iter_torch_batches(batch_size=10 * data.rows))) == 1  # smaller than a batch: read whole
+
+
+def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
+    """num_learners=2: the dataset is held in the object store and split between two learner actors, whose
+    averaged gradients keep their weights equal."""
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "num_learners": 2, "updates_per_iteration": 3, "batch_size": 64})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    algorithm = config.build_algo()
+
+    def weights():
+        return [call.get() for call in algorithm.learner_group.foreach_learner(
+            lambda learner: learner.module.get_state())]
+
+    try:
+        before = weights()
+        results = [algorithm.train() for _ in range(2)]
+        after = weights()
+    finally:
+        algorithm.stop()
+    assert np.isfinite(results[-1]["learners"]["default_policy"]["policy_loss"])
+    for key, first in after[0]["default_policy"].items():
+        np.testing.assert_array_equal(first, after[1]["default_policy"][key], err_msg=key)
+    assert any(not np.array_equal(before[0]["default_policy"][key], value)
+               for key, value in after[0]["default_policy"].items())

@@ -1,0 +1,151 @@
+"""The offline algorithms, one registry entry each: its params, its RLlib config and the batches its learner reads.
+
+`rllib_config` builds what every algorithm shares (the dataset, spaces, network, learners, seed) around the
+entry's own config. params.yaml's `algos` section is parsed into the entry's params class
+(training/config.py's `AlgosConfig`, whose keys are this registry's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import gymnasium as gym
+
+import dataset_format as dataset
+from common.errors import UserError
+from training.algorithms.batch_columns import cloning_batch, with_n_step, with_returns, with_unit_actions
+from training.algorithms.train_batches import BatchPlan, StreamSettings, TransitionsData
+from training.config import (
+    BCParams,
+    ConservativeDQNParams,
+    CQLParams,
+    DQNParams,
+    LearnerParams,
+    MARWILParams,
+)
+
+
+@dataclass(frozen=True)
+class OfflineAlgorithm:
+    params: type[LearnerParams]
+    """The dataclass its `algos.NAME` section of params.yaml is parsed into."""
+    rllib_config: Callable[[LearnerParams], object]
+    """Its own RLlib AlgorithmConfig from its params (training settings, learner and module classes)."""
+    batches: Callable[[LearnerParams, gym.Space], BatchPlan]
+    """How its learner's batches are made from dataset rows, given its params and the action space."""
+    action_spaces: tuple[type[gym.Space], ...]
+    """The action spaces it trains on."""
+    curve_loss: str
+    """The learner statistic its learning curve follows."""
+    policy_is_distribution: bool
+    """Its policy is a distribution over actions to sample (else it acts on the argmax of Q-values or, for CQL,
+    the mean of SAC's squashed Gaussian)."""
+
+
+def _bc_config(params: BCParams):
+    from training.algorithms.offline_marwil import OfflineBCConfig
+
+    return OfflineBCConfig().training(lr=params.lr)
+
+
+def _marwil_config(params: MARWILParams):
+    from training.algorithms.offline_marwil import OfflineMARWILConfig
+
+    return OfflineMARWILConfig().training(lr=params.lr, beta=params.beta, vf_coeff=params.vf_coeff, gamma=params.gamma,
+                                          moving_average_sqd_adv_norm_update_rate=params.advantage_norm_rate)
+
+
+def _dqn_config(params: DQNParams):
+    from training.algorithms.offline_dqn import OfflineDQNConfig
+
+    return OfflineDQNConfig().training(
+        lr=params.lr, gamma=params.gamma, double_q=params.double_q, dueling=params.dueling,
+        cql_alpha=params.cql_alpha, target_network_update_freq=params.target_update_every, n_step=params.n_step,
+    )
+
+
+def _cql_config(params: CQLParams):
+    from training.algorithms.offline_cql import OfflineCQLConfig
+
+    # SAC-based CQL has one learning rate per network (and refuses a global `lr`).
+    return OfflineCQLConfig().training(
+        lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma,
+        tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
+        bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
+    )
+
+
+def _n_step_batches(params: DQNParams, action_space) -> BatchPlan:
+    return BatchPlan(with_n_step, {"n": params.n_step, "gamma": params.gamma})
+
+
+_DQN = dict(rllib_config=_dqn_config, batches=_n_step_batches, action_spaces=(gym.spaces.Discrete,),
+            curve_loss="qf_loss", policy_is_distribution=False)
+
+ALGORITHMS: dict[str, OfflineAlgorithm] = {
+    "bc": OfflineAlgorithm(
+        BCParams, _bc_config, lambda params, action_space: BatchPlan(cloning_batch),
+        (gym.spaces.Discrete, gym.spaces.Box), curve_loss="policy_loss", policy_is_distribution=True),
+    "marwil": OfflineAlgorithm(
+        MARWILParams, _marwil_config,
+        lambda params, action_space: BatchPlan(with_returns, {"gamma": params.gamma}, params.returns_read_rows),
+        (gym.spaces.Discrete, gym.spaces.Box), curve_loss="policy_loss", policy_is_distribution=True),
+    "dqn": OfflineAlgorithm(DQNParams, **_DQN),
+    "cql_dqn": OfflineAlgorithm(ConservativeDQNParams, **_DQN),
+    "cql": OfflineAlgorithm(
+        CQLParams, _cql_config,
+        lambda params, action_space: BatchPlan(with_unit_actions, {"low": action_space.low, "high": action_space.high}),
+        (gym.spaces.Box,), curve_loss="qf_loss", policy_is_distribution=False),
+}
+
+
+def algorithm(name: str) -> OfflineAlgorithm:
+    if name not in ALGORITHMS:
+        raise UserError(f"unknown algorithm '{name}': use one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], dataset_dir: Path,
+                 seed: int):
+    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset directory."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    entry, (observation_space, action_space) = algorithm(algo), spaces
+    if not isinstance(action_space, entry.action_spaces):
+        kinds = " or ".join("discrete" if kind is gym.spaces.Discrete else "continuous (Box)"
+                            for kind in entry.action_spaces)
+        hint = "; use cql_dqn for discrete actions" if algo == "cql" else ""
+        raise UserError(f"{algo} needs {kinds} actions; this dataset's action space is {action_space}{hint}")
+    stream = StreamSettings(read_ahead_bytes=params.stream_read_ahead_mib * 2**20,
+                            block_bytes=params.stream_block_mib * 2**20)
+    return (
+        entry.rllib_config(params)
+        .environment(observation_space=observation_space, action_space=action_space)
+        .offline_data(
+            input_=[str(Path(dataset_dir).resolve())],
+            offline_data_class=TransitionsData.for_plan(entry.batches(params, action_space), stream),
+            dataset_num_iters_per_learner=params.updates_per_iteration,
+            # Tasks, not RLlib's default 2 actors x 1 CPU, which starve the Parquet read task on 2 CPUs forever.
+            map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
+            # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
+            # so memory does not grow with them.
+            materialize_mapped_data=dataset.size_on_disk(dataset_dir) <= params.memory_cache_mib * 2**20,
+            # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
+            # or two episodes, which stalls and can diverge Q-learning.
+            iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
+        )
+        .learners(num_learners=params.num_learners)
+        .training(train_batch_size_per_learner=params.batch_size)
+        # MARWIL's value function keeps its own layers, as in RLlib's MARWIL defaults: its targets are returns
+        # on the reward's scale, whose loss would swamp the policy's through a shared encoder.
+        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
+                                                   fcnet_activation=params.activation, vf_share_layers=False))
+        .debugging(seed=seed)
+        # Turns off RLlib's two finiteness checks per gradient tensor: our learners make one per update
+        # (lean_learner.py).
+        .framework(torch_skip_nan_gradients=True)
+        # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
+        .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
+    )
