@@ -13,30 +13,32 @@ from collectors.config import CollectConfig, DatasetConfig
 from collectors.policies import build_policy, knows_logp
 from collectors.rollout import episodes_dataset, progress_lines
 from common.envs import env_spaces
-from common.errors import refuse_to_overwrite
+
+# The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders.
+COLLECTION_CODE = ("collectors", "common", "dataset_format")
 
 
 def code_version() -> str:
-    """This package's version and, inside a git checkout, the commit; `.dirty` if collectors/ has local edits.
-
-    Only collectors/ counts as dirty: other files (dvc.lock, params.yaml) change while a pipeline runs.
-    """
+    """This package's version and, inside a git checkout, the last commit that changed the collection code;
+    `.dirty` if that code has local edits. Commits that leave it alone leave the version, and so every collected
+    byte, as they were: a fresh clone reproduces dvc.lock's dataset hashes."""
     version = metadata.version("offline-rl-pipeline")
-    here = Path(__file__).parent
+    root = Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
-        commit = git("rev-parse", "--short=12", "HEAD")
-        return f"{version}+g{commit}" + (".dirty" if git("status", "--porcelain", "--", ".") else "")
+        commit = git("log", "-1", "--format=%h", "--abbrev=12", "--", *COLLECTION_CODE)
+        dirty = git("status", "--porcelain", "--", *COLLECTION_CODE)
+        return f"{version}+g{commit}" + (".dirty" if dirty else "") if commit else version
     except (OSError, subprocess.CalledProcessError):
         return version
 
 
-def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: str | Path) -> dataset.DatasetCard:
-    out_dir = Path(out_dir)
-    refuse_to_overwrite(out_dir)  # before any work, not after
+def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | Path) -> dataset.DatasetCard:
+    """Collects the dataset `spec` describes to `out`, a local directory or an s3://bucket/prefix."""
+    out = dataset.refuse_existing(out)  # before any work, not after
     observation_space, action_space = env_spaces(spec.env)
     build_policy(spec.policy, spec.env, action_space)  # a bad model path or URI fails here, before the actors
     with_logp = knows_logp(spec.policy, action_space)
@@ -61,7 +63,7 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out_dir: st
     with progress_lines(f"collect {name}", spec.episodes) as progress:
         transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
                                        settings.envs_per_collector, progress)
-        card = dataset.write(transitions, out_dir, card, file_bytes=int(settings.file_mib * 2**20))
-    print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out_dir}; "
+        card = dataset.write(transitions, out, card, file_bytes=int(settings.file_mib * 2**20))
+    print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out}; "
           f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
     return card

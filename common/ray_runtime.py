@@ -1,9 +1,44 @@
-"""Starting Ray for an `orl` command or a benchmark: a cluster named by RAY_ADDRESS, or a local instance."""
+"""Starting Ray for an `orl` command or a benchmark: a cluster named by RAY_ADDRESS, or a local instance; and a
+quiet console, where a healthy run prints `orl`'s progress lines and real warnings only."""
 
 from __future__ import annotations
 
 import logging
 import os
+
+# Notices that Ray and RLlib print on every healthy run, about their own defaults rather than about the run:
+# (logger, start of the message, why it says nothing to an `orl` user). Anything else still prints.
+LIBRARY_NOTICES = (
+    ("ray._common.deprecation", "DeprecationWarning: `RLModule(config=",
+     "RLlib 2.60's RLModule.__init__ builds the deprecated RLModuleConfig itself, for every module"),
+    ("ray.rllib.algorithms.algorithm_config", "You are running ",
+     "the new API stack, which RLlib announces as its default, is the one our learners are written for"),
+    ("ray.data._internal.progress", "Progress bars disabled", "orl prints its own progress lines"),
+    ("ray.tune.utils.util", "Install gputil", "a GPU monitor for machines with GPUs"),
+)
+
+
+class _DropLibraryNotices(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def quiet_library_notices() -> None:
+    """Drops LIBRARY_NOTICES in this process; Ray runs it in every worker too (`start_ray`)."""
+    for logger, prefix, _ in LIBRARY_NOTICES:
+        logging.getLogger(logger).addFilter(_DropLibraryNotices(prefix))
+
+
+def ask_for_token_auth() -> None:
+    """Asks for token authentication, Ray's default for a new local instance, explicitly: left unset, Ray warns
+    about it at every start. Must run before Ray is imported (Ray caches its config then); a cluster named by
+    RAY_ADDRESS keeps the mode its operator set."""
+    if not os.environ.get("RAY_ADDRESS"):
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def start_ray(num_cpus: int) -> None:
@@ -11,13 +46,12 @@ def start_ray(num_cpus: int) -> None:
     import ray
     from ray.data import DataContext
 
-    settings = {"include_dashboard": False, "logging_level": logging.WARNING}
+    quiet_library_notices()
+    settings = {"include_dashboard": False, "logging_level": logging.WARNING,
+                "runtime_env": {"worker_process_setup_hook": quiet_library_notices}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **settings)
     else:
-        # Token authentication, Ray's default for a new local instance, asked for explicitly: Ray warns at every
-        # start when the mode is left unset.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
     DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
     logging.getLogger("ray.data").setLevel(logging.WARNING)

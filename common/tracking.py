@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+from mlflow.utils.logging_utils import disable_logging, enable_logging
 
 from common.errors import UserError
-from dataset_format import DatasetCard, flat_dim
+from dataset_format import DatasetCard, Location, flat_dim, locate
+from dataset_format.location import storage_errors
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 LOCAL_ARTIFACTS = Path("mlartifacts")
@@ -34,6 +38,7 @@ def tracking_uri() -> str:
 def connect() -> str:
     """Points MLflow at the tracking store, failing in seconds if a server does not answer; returns the URI."""
     uri = tracking_uri()
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its INFO lines (creating the store's tables)
     _prepare_store(uri)
     mlflow.set_tracking_uri(uri)
     return uri
@@ -105,26 +110,44 @@ def git_commit() -> str:
         return "unknown"
 
 
-def dvc_digest(path: str | Path) -> str:
-    """The DVC hash of a dataset directory (md5 of its file listing, as in dvc.lock: '<md5>.dir')."""
+def dvc_digest(path: str | Path | Location) -> str:
+    """The DVC hash of a dataset (md5 of its file listing, as in dvc.lock: '<md5>.dir'), the same for the same
+    files in a local directory or under an s3:// prefix, where DVC's own hashing would use ETags."""
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.db import HashFileDB
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.meta import Meta
+    from dvc_data.hashfile.tree import Tree
     from dvc_objects.fs.local import LocalFileSystem
 
-    fs = LocalFileSystem()
-    with tempfile.TemporaryDirectory() as scratch:
-        _, _, obj = build(HashFileDB(fs, scratch), str(Path(path).resolve()), fs, "md5", dry_run=True)
-    return obj.hash_info.value
+    location = locate(path)
+    if location.is_local:
+        fs = LocalFileSystem()
+        with tempfile.TemporaryDirectory() as scratch:
+            _, _, obj = build(HashFileDB(fs, scratch), location.root, fs, "md5", dry_run=True)
+        return obj.hash_info.value
+    tree = Tree()
+    with storage_errors(location):
+        for name in location.files():
+            md5 = hashlib.md5()
+            with location.fs.open_input_stream(location.path(name)) as stream:
+                while chunk := stream.read(2**22):
+                    md5.update(chunk)
+            tree.add((name,), Meta(size=location.size(name)), HashInfo("md5", md5.hexdigest()))
+    tree.digest()
+    return tree.hash_info.value
 
 
-def log_dataset_input(card: DatasetCard, path: Path, digest: str) -> None:
-    """Records the dataset as the run's training input: its path, name, DVC digest and card summary."""
+def log_dataset_input(card: DatasetCard, path: str | Path | Location, digest: str) -> None:
+    """Records the dataset as the run's training input: its location, name, DVC digest and card summary."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
+    location = locate(path)
+    uri = Path(location.root).as_uri() if location.is_local else location.uri
     with warnings.catch_warnings():  # MLflow registers two equivalent local-file sources and warns it picked one
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(Path(path).resolve().as_uri())
+        source = resolve_dataset_source(uri)
     dataset = MetaDataset(source=source, name=card.name, digest=digest)
     tags = {"env_id": card.env_id, "episodes": str(card.episodes), "transitions": str(card.transitions)}
     mlflow.log_input(dataset, context="training", tags=tags)
@@ -164,10 +187,16 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
             artifacts={"module": str(module_dir)},
             code_paths=[str(p) for p in code_paths],
             signature=signature,
+            input_example=np.zeros((1, flat_dim(observation_space)), dtype=np.float32),
             pip_requirements=[f"{lib}=={metadata.version(lib)}" for lib in ("ray", "torch", "gymnasium", "mlflow")],
-            registered_model_name=name,
         )
-    version = str(info.registered_model_version)
+    # MLflow announces a registration on stderr ("Successfully registered model ..."); `orl train` reports the
+    # model and its version in its own last line.
+    disable_logging()
+    try:
+        version = str(mlflow.register_model(info.model_uri, name).version)
+    finally:
+        enable_logging()
     client = MlflowClient()
     client.set_registered_model_alias(name, NEWEST_ALIAS, version)
     client.set_registered_model_alias(name, card.name, version)

@@ -75,7 +75,8 @@ class MLflowPolicy:
         try:
             self.model = mlflow.pyfunc.load_model(uri)
         except Exception as err:  # MLflow raises several types for a URI it cannot resolve
-            raise UserError(f"cannot load MLflow model '{uri}' ({type(err).__name__}); check the URI and MLFLOW_TRACKING_URI") from None
+            raise UserError(f"cannot load MLflow model '{uri}' ({type(err).__name__}); check the URI and "
+                            "MLFLOW_TRACKING_URI") from None
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
 
     def act(self, obs, rngs, envs):

@@ -1,10 +1,12 @@
 """The dataset format, one home for it: columns and schema, the card, validation, writing and reading.
 
-A dataset is a directory of Parquet files (one row per transition, RLlib's column names) plus `_card.json`.
+A dataset is a directory (or an s3:// prefix) of Parquet files (one row per transition, RLlib's column names)
+plus `_card.json`.
 Collectors write it, training and users read it; datasets/README.md documents the format for people.
 """
 
 from dataset_format.card import CARD_FILE, SCHEMA_VERSION, DatasetCard, episode_stats, read_card, summarize
+from dataset_format.location import Location, locate
 from dataset_format.readers import (
     load_arrays,
     load_pandas,
@@ -24,11 +26,11 @@ from dataset_format.schema import (
     transitions_table,
 )
 from dataset_format.validation import validate
-from dataset_format.writer import write
+from dataset_format.writer import refuse_existing, write
 
 __all__ = [
-    "CARD_FILE", "SCHEMA_VERSION", "Col", "DatasetCard", "arrow_schema", "column_to_numpy", "episode_stats",
-    "flat_dim", "load_arrays", "load_pandas", "load_ray", "load_table", "read_card", "read_table",
-    "size_on_disk", "space_from_dict", "space_to_dict", "summarize", "torch_dataloader", "transitions_table",
-    "validate", "write",
+    "CARD_FILE", "Col", "DatasetCard", "Location", "SCHEMA_VERSION", "arrow_schema", "column_to_numpy",
+    "episode_stats", "flat_dim", "load_arrays", "load_pandas", "load_ray", "load_table", "locate", "read_card",
+    "read_table", "refuse_existing", "size_on_disk", "space_from_dict", "space_to_dict", "summarize",
+    "torch_dataloader", "transitions_table", "validate", "write",
 ]

@@ -10,13 +10,13 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
 from common.errors import UserError
+from dataset_format.location import Location, locate
 from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict
 
 SCHEMA_VERSION = 1
@@ -73,15 +73,18 @@ class DatasetCard:
         }
 
 
-def read_card(path: str | os.PathLike) -> DatasetCard:
-    path = Path(path)
-    card_path = path / CARD_FILE
-    if not path.is_dir():
-        raise UserError(f"dataset directory {path} does not exist: run `orl collect` or `dvc repro` to create it")
-    if not card_path.is_file():
-        raise UserError(f"{card_path} is missing: {path} is not a dataset made by `orl collect`; re-collect it")
+def read_card(path: str | os.PathLike | Location) -> DatasetCard:
+    """The card of the dataset at a local path or s3:// URI. The card is written last, so a directory or prefix
+    without one (an interrupted write, or no dataset) is refused."""
+    location = locate(path)
+    card_path = location.uri_of(CARD_FILE)
+    if not location.exists():
+        raise UserError(f"dataset {location} does not exist: run `orl collect` or `dvc repro` to create it")
+    if not location.is_file(CARD_FILE):
+        raise UserError(f"{card_path} is missing: {location} is not a whole dataset made by `orl collect` (or its "
+                        "writing was interrupted); re-collect it")
     try:
-        data = json.loads(card_path.read_text())
+        data = json.loads(location.read_text(CARD_FILE))
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise UserError(

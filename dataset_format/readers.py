@@ -1,34 +1,41 @@
-"""Reading a dataset, for training and for users: Arrow, numpy, pandas, Ray Data and torch."""
+"""Reading a dataset (a local directory or an s3:// prefix), for training and for users: Arrow, numpy, pandas, Ray
+Data and torch."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataset_format.card import DatasetCard, read_card
+from dataset_format.location import Location, locate, storage_errors
 from dataset_format.schema import Col, column_to_numpy
 from dataset_format.validation import validate, validated_tables
 
+DatasetPath = str | os.PathLike | Location  # a local directory or an s3:// prefix
 
-def size_on_disk(path: str | os.PathLike) -> int:
+
+def size_on_disk(path: DatasetPath) -> int:
     """Bytes of the dataset's Parquet files."""
-    return sum((Path(path) / f["path"]).stat().st_size for f in read_card(path).files)
+    location = locate(path)
+    return sum(location.size(f["path"]) for f in read_card(location).files)
 
 
-def load_table(path: str | os.PathLike) -> pa.Table:
+def load_table(path: DatasetPath) -> pa.Table:
     """The whole dataset as one Arrow table, each file read once and validated on the way."""
     return _one_table(*validated_tables(path))
 
 
-def read_table(path: str | os.PathLike) -> pa.Table:
+def read_table(path: DatasetPath) -> pa.Table:
     """The whole dataset as one Arrow table, read without checks: for callers that validated it already
     (`orl train` does before training, so checking again would only add to its start-up)."""
-    card = read_card(path)
-    return _one_table(card, (pq.read_table(Path(path) / entry["path"]) for entry in card.files))
+    location = locate(path)
+    card = read_card(location)
+    with storage_errors(location):
+        return _one_table(card, [pq.read_table(location.path(entry["path"]), filesystem=location.fs)
+                                 for entry in card.files])
 
 
 def _one_table(card: DatasetCard, tables) -> pa.Table:
@@ -36,27 +43,28 @@ def _one_table(card: DatasetCard, tables) -> pa.Table:
     return pa.concat_tables([table.select(names) for table in tables])
 
 
-def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def load_arrays(path: DatasetPath) -> dict[str, np.ndarray]:
     """The whole validated dataset in memory as numpy arrays: obs is (N, d), actions (N,) or (N, k)."""
     table = load_table(path)
     return {name: column_to_numpy(table[name]) for name in table.column_names}
 
 
-def load_pandas(path: str | os.PathLike):
+def load_pandas(path: DatasetPath):
     """A pandas DataFrame, one row per transition (obs cells are numpy arrays); the same as
     `pd.read_parquet(path)`, validated."""
     return load_table(path).to_pandas()
 
 
-def load_ray(path: str | os.PathLike):
+def load_ray(path: DatasetPath):
     """A streaming Ray Dataset over the files (Ray must be initialized or it starts a local one)."""
     import ray
 
-    card = validate(path)
-    return ray.data.read_parquet([str(Path(path) / f["path"]) for f in card.files])
+    location = locate(path)
+    card = validate(location)
+    return ray.data.read_parquet([location.path(f["path"]) for f in card.files], filesystem=location.fs)
 
 
-def torch_dataloader(path: str | os.PathLike, batch_size: int = 256, shuffle: bool = True, seed: int = 0):
+def torch_dataloader(path: DatasetPath, batch_size: int = 256, shuffle: bool = True, seed: int = 0):
     """A torch DataLoader of (obs, actions) float32/int64 tensors for behaviour cloning."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -13,11 +12,14 @@ import pyarrow.parquet as pq
 
 from common.errors import UserError
 from dataset_format.card import CARD_FILE, DatasetCard, read_card
+from dataset_format.location import Location, locate, storage_error
 from dataset_format.schema import Col, column_to_numpy, space_to_dict
 
 
-def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
-    """Checks a dataset directory against its card; returns the card or raises UserError naming the problem.
+def validate(path: str | os.PathLike | Location,
+             env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
+    """Checks a dataset (a directory or s3:// prefix) against its card; returns the card or raises UserError naming
+    the problem.
 
     Checked: the card parses; with `env_spaces`, its spaces equal the environment's; the files are exactly those
     listed; each file reads completely, has exactly the schema the card's spaces imply and the listed row count;
@@ -31,34 +33,40 @@ def validate(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | 
     return card
 
 
-def validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.Space] | None = None):
+def validated_tables(path: str | os.PathLike | Location, env_spaces: tuple[gym.Space, gym.Space] | None = None):
     """(card, generator of each file's table once checked); the generator raises at the first problem and
     checks the totals after the last file. Lets loaders read each file once."""
-    path = Path(path)
-    card = read_card(path)
+    location = locate(path)
+    return files_checked_against(location, read_card(location), env_spaces)
+
+
+def files_checked_against(location: Location, card: DatasetCard,
+                          env_spaces: tuple[gym.Space, gym.Space] | None = None):
+    """`validated_tables` for a card in hand: the writer checks the files before it writes their card."""
     if env_spaces is not None:
         for what, ours, env_space in zip(("observation", "action"), card.spaces, env_spaces):
             if space_to_dict(ours) != space_to_dict(env_space):
                 raise UserError(
-                    f"{path}: the dataset's {what} space {ours} does not match {card.env_id}'s {env_space}; "
+                    f"{location}: the dataset's {what} space {ours} does not match {card.env_id}'s {env_space}; "
                     "use a dataset collected on this environment"
                 )
     if card.transitions == 0 or not card.files:
-        raise UserError(f"{path} is empty (no transitions); collect it with episodes > 0")
+        raise UserError(f"{location} is empty (no transitions); collect it with episodes > 0")
     listed = {f["path"] for f in card.files}
-    on_disk = {p.name for p in path.glob("*.parquet")}
+    on_disk = {name for name in location.files() if name.endswith(".parquet")}
     if on_disk != listed:
         extra, missing = sorted(on_disk - listed), sorted(listed - on_disk)
         raise UserError(
-            f"{path}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); re-collect the dataset"
+            f"{location}: files do not match {CARD_FILE} (missing: {missing}, unexpected: {extra}); "
+            "re-collect the dataset"
         )
 
     def tables():
         rows, episodes, chain = 0, 0, _Chain()
         for entry in card.files:
-            file = path / entry["path"]
+            file = location.uri_of(entry["path"])
             file_rows = 0
-            for table in _row_groups_checked(file, card.schema(), entry["rows"]):
+            for table in _row_groups_checked(location, entry["path"], card.schema(), entry["rows"]):
                 group_episodes, chain = _check_values(file, table, card.spaces, chain, file_rows)
                 file_rows, episodes = file_rows + table.num_rows, episodes + group_episodes
                 yield table
@@ -67,24 +75,28 @@ def validated_tables(path: str | os.PathLike, env_spaces: tuple[gym.Space, gym.S
                                 "without terminateds or truncateds; re-collect the dataset")
             rows += file_rows
         if (rows, episodes) != (card.transitions, card.episodes):
-            raise UserError(f"{path} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
+            raise UserError(f"{location} holds {rows} transitions in {episodes} episodes but {CARD_FILE} says "
                             f"{card.transitions} in {card.episodes}; re-collect the dataset")
 
     return card, tables()
 
 
-def _row_groups_checked(file: Path, expected: pa.Schema, rows: int):
+def _row_groups_checked(location: Location, name: str, expected: pa.Schema, rows: int):
     """The file's row groups as tables, once its schema and row count are checked: memory holds one group
     (131,072 rows as collected), not the file."""
+    file = location.uri_of(name)
     try:
-        _check_schema(file, pq.read_schema(file), expected)
-        parquet = pq.ParquetFile(file)
-        if parquet.metadata.num_rows != rows:
-            raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
-                            "re-collect the dataset")
-        for group in range(parquet.num_row_groups):
-            yield parquet.read_row_group(group)
+        with location.fs.open_input_file(location.path(name)) as handle:
+            parquet = pq.ParquetFile(handle)
+            _check_schema(file, parquet.schema_arrow, expected)
+            if parquet.metadata.num_rows != rows:
+                raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
+                                "re-collect the dataset")
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group)
     except (OSError, pa.ArrowException) as err:
+        if isinstance(err, OSError) and not location.is_local:  # the store failed, not the file
+            raise storage_error(location, err) from None
         reason = str(err).splitlines()[0]
         raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
 
@@ -99,7 +111,7 @@ class _Chain:
     new_obs: np.ndarray | None = None
 
 
-def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Space], chain: _Chain,
+def _check_values(file: str, table: pa.Table, spaces: tuple[gym.Space, gym.Space], chain: _Chain,
                   first_row: int) -> tuple[int, _Chain]:
     """Value and episode-structure checks of consecutive rows of a file (a row group) that follow `chain`;
     `first_row` is the first one's row in the file. Returns (episodes started in them, their last row)."""
@@ -151,7 +163,7 @@ def _check_values(file: Path, table: pa.Table, spaces: tuple[gym.Space, gym.Spac
     return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), new_obs[-1].copy())
 
 
-def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
+def _check_schema(file: str, actual: pa.Schema, expected: pa.Schema) -> None:
     for expected_field in expected:
         if expected_field.name not in actual.names:
             raise UserError(f"{file}: column '{expected_field.name}' is missing; re-collect the dataset")

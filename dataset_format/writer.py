@@ -1,27 +1,35 @@
-"""Writing a dataset: Parquet files in the order the rows come, then the card, all or nothing."""
+"""Writing a dataset: Parquet files in the order the rows come, then the card, all or nothing.
+
+A local dataset is written to a hidden staging directory, validated, and renamed into place. Object storage has no
+rename: the files are written under the dataset's prefix, validated, and the card is written last, as the commit
+marker; every reader refuses a prefix without one. A re-run clears what an interrupted write left there.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from common.errors import refuse_to_overwrite
+from common.errors import UserError
 from dataset_format.card import CARD_FILE, DatasetCard, episode_stats, summarize
+from dataset_format.location import Location, locate
 from dataset_format.schema import Col
-from dataset_format.validation import validate
+from dataset_format.validation import files_checked_against
 
 FILE_PREFIX = "episodes"
+FILE_NAME = re.compile(rf"^{FILE_PREFIX}-\d{{5}}\.parquet$")
 # Row groups of a fixed row count, not one per collector task: readers get groups worth reading, and a file's
 # bytes do not depend on how the work was split.
 ROW_GROUP_ROWS = 2**17
 
 
-def _ordered_parquet_sink(path: Path, file_bytes: int):
+def _ordered_parquet_sink(location: Location, file_bytes: int):
     """A Ray Data sink that writes each bundle of about `file_bytes` of rows to one Parquet file, in the order
     the rows come. Ray's `write_parquet` goes through pyarrow's threaded dataset writer, which may reorder
     batches of rows (apache/arrow#26818): blocks of over 2**18 rows (tasks of 1,000 CartPole expert episodes)
@@ -41,31 +49,63 @@ def _ordered_parquet_sink(path: Path, file_bytes: int):
         def write_block_to_file(self, block, file) -> None:
             pq.write_table(block.to_arrow(), file, row_group_size=ROW_GROUP_ROWS, compression="zstd")
 
-    return OrderedParquetSink(str(path), filename_provider=FileNames())
+    # Object storage has no directories: creating one would leave an empty marker object under the prefix.
+    return OrderedParquetSink(location.root, filesystem=location.fs, filename_provider=FileNames(),
+                              try_create_dir=location.is_local)
 
 
-def write(transitions, path: str | os.PathLike, card: DatasetCard, file_bytes: int) -> DatasetCard:
+def refuse_existing(path: str | os.PathLike | Location) -> Location:
+    """Datasets are never overwritten: raises if one (or, locally, anything) is at `path`. On object storage,
+    the files an interrupted write left under the prefix (no card) are removed; anything else there is refused."""
+    location = locate(path)
+    if location.is_local:
+        if Path(location.root).exists():
+            raise UserError(f"{location} already exists; remove it first (dvc repro does) or choose another output")
+        return location
+    location.require_bucket()
+    names = location.files()
+    if CARD_FILE in names:
+        raise UserError(f"{location} already holds a dataset; remove it first or choose another prefix")
+    others = [name for name in names if not FILE_NAME.match(name)]
+    if others:
+        raise UserError(f"{location} holds objects that are not a dataset's ({', '.join(others[:3])}); "
+                        "choose an empty prefix")
+    location.delete(names)
+    return location
+
+
+def write(transitions, path: str | os.PathLike | Location, card: DatasetCard, file_bytes: int) -> DatasetCard:
     """Writes a Ray Dataset of transitions, in order, to Parquet files of about `file_bytes` of rows in memory
     each; then the card, completed with what the files hold (files, transitions, returns, episode lengths).
-
-    The files go to a hidden staging directory beside `path`, are validated, and the directory is renamed
-    into place, so `path` only ever holds a complete dataset. `path` must not exist.
-    """
-    path = Path(path)
-    refuse_to_overwrite(path)
-    staging = path.parent / f".{path.name}.staging"
+    Nothing may be at `path` (see `refuse_existing`)."""
+    location = refuse_existing(path)
+    if not location.is_local:
+        return _write_files_then_card(transitions, location, card, file_bytes)
+    final = Path(location.root)
+    staging = final.parent / f".{final.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
+    card = _write_files_then_card(transitions, locate(staging), card, file_bytes)
+    os.rename(staging, final)
+    return card
+
+
+def _write_files_then_card(transitions, location: Location, card: DatasetCard, file_bytes: int) -> DatasetCard:
     # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
-    transitions.write_datasink(_ordered_parquet_sink(staging, file_bytes), ray_remote_args={"num_cpus": 0})
-    files = sorted(staging.glob("*.parquet"))
+    transitions.write_datasink(_ordered_parquet_sink(location, file_bytes), ray_remote_args={"num_cpus": 0})
+    names = [name for name in location.files() if FILE_NAME.match(name)]
     # Per file, then joined: files are cut between episodes, and only per-episode numbers are kept.
-    returns, lengths = map(np.concatenate, zip(*(episode_stats(pq.read_table(f, columns=[Col.EPS_ID, Col.REWARDS]))
-                                                 for f in files)))
-    card = dataclasses.replace(card, files=[{"path": f.name, "rows": pq.read_metadata(f).num_rows} for f in files],
-                               transitions=int(lengths.sum()), returns=summarize(returns),
+    stats, files = [], []
+    for name in names:
+        with location.fs.open_input_file(location.path(name)) as handle:
+            parquet = pq.ParquetFile(handle)
+            stats.append(episode_stats(parquet.read(columns=[Col.EPS_ID, Col.REWARDS])))
+            files.append({"path": name, "rows": parquet.metadata.num_rows})
+    returns, lengths = map(np.concatenate, zip(*stats))
+    card = dataclasses.replace(card, files=files, transitions=int(lengths.sum()), returns=summarize(returns),
                                episode_length=summarize(lengths))
-    (staging / CARD_FILE).write_text(card.to_json())
-    validate(staging)
-    os.rename(staging, path)
+    _, tables = files_checked_against(location, card)
+    for _ in tables:
+        pass
+    location.write_text(CARD_FILE, card.to_json())  # last: the commit marker
     return card

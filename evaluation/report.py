@@ -31,14 +31,14 @@ def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict
         returns[path.name] = [r["return"] for r in read_csv(run.eval_returns)]
         if info["dataset"] not in seen_datasets:
             seen_datasets.add(info["dataset"])
-            rows.append(_behaviour_row(Path(info["dataset_path"]), references_dir, info["env_id"]))
+            rows.append(_behaviour_row(info["dataset_path"], references_dir, info["env_id"]))
     if not rows:
         raise UserError(f"no evaluated runs under {runs_dir}; run `orl train` and `orl evaluate` first")
     return rows, curves, returns
 
 
-def _behaviour_row(dataset_dir: Path, references_dir: Path, env_id: str) -> dict:
-    card = read_card(dataset_dir)
+def _behaviour_row(dataset_path: str, references_dir: Path, env_id: str) -> dict:
+    card = read_card(dataset_path)
     path = reference_path(references_dir, env_id)
     if not path.is_file():
         raise UserError(f"{path} is missing; run `orl reference` (or dvc repro) first")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
-from common.ray_runtime import start_ray
+from common.ray_runtime import ask_for_token_auth, start_ray
 from pipelines.params import Params, load_params
 from training.config import AlgosConfig
 
@@ -28,13 +28,14 @@ def cmd_collect(args, params: Params) -> None:
 
 def cmd_train(args, params: Params) -> None:
     from common.tracking import connect
+    from dataset_format import locate
     from training.train import train
 
     try:
         algo_params = params.algos.get(args.algo)
     except ValueError as err:
         raise UserError(str(err)) from None
-    out = args.out or Path("runs") / f"{args.algo}-{Path(args.dataset).name}"
+    out = args.out or Path("runs") / f"{args.algo}-{locate(args.dataset).name}"
     connect()  # an unreachable tracking server fails now, before Ray starts
     start_ray(params.ray.num_cpus)
     seed = params.train.seed if args.seed is None else args.seed
@@ -73,11 +74,13 @@ def cmd_report(args, params: Params) -> None:
 
 
 def cmd_datasets_list(args, params: Params) -> None:
-    from dataset_format import CARD_FILE, read_card
+    from dataset_format import CARD_FILE, locate, read_card
 
-    for path in sorted(Path(args.root).glob(f"*/{CARD_FILE}")):
-        card = read_card(path.parent)
-        print(f"{str(path.parent):40} {card.env_id:15} {card.behavior_policy['kind']:8} "
+    for location in locate(args.root).children():
+        if not location.is_file(CARD_FILE):
+            continue
+        card = read_card(location)
+        print(f"{str(location):40} {card.env_id:15} {card.behavior_policy['kind']:8} "
               f"{card.episodes:6} episodes {card.transitions:9} transitions  return {card.returns['mean']:8.1f}")
 
 
@@ -106,13 +109,13 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("collect", help="collect one dataset named in params.yaml")
     p.add_argument("name", help="key under `datasets` or `policy_datasets` in params.yaml")
-    p.add_argument("--out", type=Path, help="dataset directory (default: datasets/NAME)")
+    p.add_argument("--out", help="dataset directory or s3://BUCKET/PREFIX (default: datasets/NAME)")
     p.set_defaults(handler=cmd_collect)
 
     p = sub.add_parser("train", help="train one algorithm offline on one dataset")
     p.add_argument("--algo", required=True,
                    help=f"{', '.join(AlgosConfig.names())} (hyper-parameters under `algos` in params.yaml)")
-    p.add_argument("--dataset", required=True, type=Path, help="dataset directory")
+    p.add_argument("--dataset", required=True, help="dataset directory or s3://BUCKET/PREFIX")
     p.add_argument("--out", type=Path, help="run directory (default: runs/ALGO-DATASET)")
     p.add_argument("--seed", type=int, help="overrides train.seed")
     p.set_defaults(handler=cmd_train)
@@ -141,18 +144,19 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("datasets", help="inspect datasets")
     datasets = p.add_subparsers(dest="action", required=True)
     q = datasets.add_parser("list", help="one line per dataset")
-    q.add_argument("root", nargs="?", type=Path, default=Path("datasets"))
+    q.add_argument("root", nargs="?", default="datasets", help="a directory or s3://BUCKET/PREFIX of datasets")
     q.set_defaults(handler=cmd_datasets_list)
     q = datasets.add_parser("show", help="validate a dataset and print its card")
-    q.add_argument("path", type=Path)
+    q.add_argument("path", help="a dataset directory or s3://BUCKET/PREFIX")
     q.set_defaults(handler=cmd_datasets_show)
     q = datasets.add_parser("validate", help="run every check collect and train run on datasets")
-    q.add_argument("paths", nargs="+", type=Path)
+    q.add_argument("paths", nargs="+", help="dataset directories or s3://BUCKET/PREFIX URIs")
     q.set_defaults(handler=cmd_datasets_validate)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
+    ask_for_token_auth()
     args = parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +22,19 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Every S3 client of the session (pyarrow, boto3, s3fs, DVC, MLflow, and the Ray workers started after this) talks
+# to the `s3_server` fixture's moto_server on loopback, through the usual AWS variables.
+S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}", "AWS_ACCESS_KEY_ID": "testing",
+          "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+os.environ.update(S3_ENV)
 # One file per task (5 episodes), so tests see datasets of several files.
 TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.001)
 
@@ -113,35 +129,73 @@ def kill_group(process: subprocess.Popen) -> None:
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on 127.0.0.1 with a SQLite store; stopped after the session."""
-    root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, cwd=root,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+@contextmanager
+def served(command: list[str], url: str, log_path: Path, env: dict | None = None):
+    """Runs a server until the block ends, once `url` answers (any HTTP status)."""
+    log = open(log_path, "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                              cwd=log_path.parent)
+    deadline = time.monotonic() + 120
     while True:
         try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2)
+            urllib.request.urlopen(url, timeout=2)
             break
+        except urllib.error.HTTPError:
+            break  # it answers
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
                 server.kill()
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield uri
-    server.terminate()
-    server.wait(timeout=30)
-    log.close()
+                raise RuntimeError(f"{command[0]} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.3)
+    try:
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def moto_server(port: int, log_path: Path, env: dict | None = None):
+    """moto's standalone S3-compatible server on 127.0.0.1:`port`."""
+    command = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    return served(command, f"http://127.0.0.1:{port}/", log_path, env)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> str:
+    """A real S3-compatible server on loopback, the one S3_ENV points at; yields its endpoint URL."""
+    endpoint = S3_ENV["AWS_ENDPOINT_URL"]
+    with moto_server(int(endpoint.rsplit(":", 1)[1]), tmp_path_factory.mktemp("s3") / "moto.log"):
+        yield endpoint
+
+
+@pytest.fixture
+def bucket(s3_server, request) -> str:
+    """A new, empty bucket on the S3 server, named after the test."""
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + f"-{next(_bucket_numbers)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+_bucket_numbers = itertools.count()
+
+
+MLFLOW_BUCKET = "mlflow"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, s3_server):
+    """A real `mlflow server` on 127.0.0.1 with a SQLite store and its artifacts in the S3 server's bucket
+    `mlflow` (under mlartifacts/); clients reach both through the server alone. Stopped after the session."""
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=MLFLOW_BUCKET)
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"http://127.0.0.1:{_free_port()}"
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1],
+               "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+               "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/mlartifacts"]
+    with served(command, f"{uri}/health", root / "server.log", env={"MLFLOW_S3_ENDPOINT_URL": s3_server}):
+        yield uri

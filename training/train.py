@@ -32,9 +32,10 @@ def learner_metrics(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: str | Path, seed: int,
+def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: str | Path, seed: int,
           checkpoint_every: int) -> dict:
-    dataset_dir, run = Path(dataset_dir), RunDir(Path(out_dir))
+    """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
+    dataset_dir, run = dataset.locate(dataset_path), RunDir(Path(out_dir))
     card = dataset.read_card(dataset_dir)
     card = dataset.validate(dataset_dir, env_spaces(card.env_id))
     for output in (run.checkpoint, run.run_info):
@@ -94,7 +95,7 @@ def train(algo: str, params: LearnerParams, dataset_dir: str | Path, out_dir: st
             "algo": algo,
             "policy_is_distribution": offline_algorithm(algo).policy_is_distribution,
             "dataset": card.name,
-            "dataset_path": str(dataset_dir),
+            "dataset_path": dataset_dir.uri,
             "env_id": card.env_id,
             "mlflow_run_id": mlflow_run.info.run_id,
             "mlflow_experiment_id": experiment_id,

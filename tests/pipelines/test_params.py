@@ -9,7 +9,6 @@ from common.errors import UserError
 from pipelines.params import load_params
 from tests.conftest import REPO
 
-
 TOUR, SUITE = REPO / "params.yaml", REPO / "benchmarks" / "suite" / "params.yaml"
 
 

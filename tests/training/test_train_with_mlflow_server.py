@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +19,7 @@ from collectors.rollout import rollout_returns
 from common.run_dir import read_csv
 from common.tracking import NEWEST_ALIAS, dvc_digest
 from evaluation.report import report
-from tests.conftest import REPO, orl
+from tests.conftest import MLFLOW_BUCKET, REPO, orl
 
 TINY_TRAINING = {"iterations": 3, "updates_per_iteration": 5, "batch_size": 256, "hidden_layers": [32, 32]}
 
@@ -106,6 +109,36 @@ def test_registered_model_predicts_and_acts_in_the_env(trained_run):
     same = mlflow.pyfunc.load_model("models:/CartPole-v1-bc@cartpole-expert")
     batch = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
     np.testing.assert_array_equal(model.predict(batch), same.predict(batch))
+
+
+def test_artifacts_live_in_the_bucket_and_another_process_loads_the_model_by_alias(trained_run, tmp_path):
+    import boto3
+
+    run_dir, uri = trained_run
+    info = json.loads((run_dir / "run.json").read_text())
+    keys = [o["Key"] for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=MLFLOW_BUCKET)
+            for o in page.get("Contents", [])]
+    assert any(key.startswith("mlartifacts/") and key.endswith("MLmodel") for key in keys)
+    assert any(key.endswith("plots/learning_curve.png") for key in keys)
+    # A process that knows only the tracking server: no AWS credentials, no endpoint, another directory.
+    script = ("import mlflow.pyfunc, numpy as np; "
+              "m = mlflow.pyfunc.load_model('models:/CartPole-v1-bc@cartpole-expert'); "
+              "print(m.predict(np.zeros((3, 4), dtype=np.float32)).tolist())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_S3"))}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            env={**env, "MLFLOW_TRACKING_URI": uri}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    actions = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(actions) == 3 and set(actions) <= {0, 1}
+    assert info["registered_model"]["name"] == "CartPole-v1-bc"
+
+
+def test_experiments_open_on_the_model_training_views(trained_run):
+    from mlflow import MlflowClient
+
+    _, uri = trained_run
+    experiment = MlflowClient(uri).get_experiment_by_name("CartPole-v1")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 @pytest.mark.parametrize("source", ["checkpoint", "mlflow"])

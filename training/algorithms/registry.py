@@ -107,12 +107,13 @@ def algorithm(name: str) -> OfflineAlgorithm:
     return ALGORITHMS[name]
 
 
-def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.Space], dataset_dir: Path,
-                 seed: int):
-    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset directory."""
+def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.Space],
+                 dataset_path: str | Path | dataset.Location, seed: int):
+    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset (a directory or an s3:// prefix)."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     entry, (observation_space, action_space) = algorithm(algo), spaces
+    location = dataset.locate(dataset_path)
     if not isinstance(action_space, entry.action_spaces):
         kinds = " or ".join("discrete" if kind is gym.spaces.Discrete else "continuous (Box)"
                             for kind in entry.action_spaces)
@@ -124,14 +125,15 @@ def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.
         entry.rllib_config(params)
         .environment(observation_space=observation_space, action_space=action_space)
         .offline_data(
-            input_=[str(Path(dataset_dir).resolve())],
-            offline_data_class=TransitionsData.for_plan(entry.batches(params, action_space), stream),
+            input_=[location.root],
+            input_filesystem=location.fs,
+            offline_data_class=TransitionsData.for_plan(entry.batches(params, action_space), stream, location),
             dataset_num_iters_per_learner=params.updates_per_iteration,
             # Tasks, not RLlib's default 2 actors x 1 CPU, which starve the Parquet read task on 2 CPUs forever.
             map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
             # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
             # so memory does not grow with them.
-            materialize_mapped_data=dataset.size_on_disk(dataset_dir) <= params.memory_cache_mib * 2**20,
+            materialize_mapped_data=dataset.size_on_disk(location) <= params.memory_cache_mib * 2**20,
             # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},

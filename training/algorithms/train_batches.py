@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from ray.data import TaskPoolStrategy
 from ray.rllib.offline.offline_data import OfflineData
 
 import dataset_format as dataset
@@ -79,28 +80,32 @@ class StreamSettings:
 
 class TransitionsData(OfflineData):
     """RLlib's OfflineData with the rows mapped by a stateless function in Ray Data tasks, instead of an
-    OfflinePreLearner actor. RLlib builds it from the config alone, so `for_plan` binds the batch plan and
-    stream settings to a subclass that the config names."""
+    OfflinePreLearner actor. RLlib builds it from the config alone, so `for_plan` binds the batch plan, stream
+    settings and the dataset's location to a subclass that the config names."""
 
     plan: BatchPlan
     stream: StreamSettings
+    location: dataset.Location
 
     @classmethod
-    def for_plan(cls, plan: BatchPlan, stream: StreamSettings) -> type["TransitionsData"]:
-        return type(cls.__name__, (cls,), {"plan": plan, "stream": stream})
+    def for_plan(cls, plan: BatchPlan, stream: StreamSettings, location: dataset.Location) -> type[TransitionsData]:
+        return type(cls.__name__, (cls,), {"plan": plan, "stream": stream, "location": location})
 
     def __init__(self, config):
         super().__init__(config)
         data = offline_data_rows(self)
-        # RLlib's concurrency (actors in the pool) reads here as concurrent tasks.
+        map_kwargs = dict(offline_data_map_kwargs(self))
+        # RLlib's `concurrency` (actors in its pre-learner pool) reads here as a pool of tasks, named as Ray Data
+        # now asks (it deprecated `concurrency`).
+        map_kwargs["compute"] = TaskPoolStrategy(size=map_kwargs.pop("concurrency"))
         data = data.map_batches(self.plan.to_train_batch, fn_kwargs=self.plan.kwargs, batch_size=self.plan.read_rows,
-                                batch_format="pyarrow", **offline_data_map_kwargs(self))
+                                batch_format="pyarrow", **map_kwargs)
         # Small datasets are mapped once. A local learner reads and maps them in its own process, all rows at
         # once (no episode is cut), and holds them as tensors: no Ray Data workers to start. Remote learners
         # share them through the object store. Like Ray Data's reads, this one leaves validation to the caller.
         self.in_memory = None
         if config.materialize_mapped_data and config.num_learners == 0:
-            rows = dataset.read_table(config.input_[0])
+            rows = dataset.read_table(self.location)
             self.in_memory = InMemoryBatches(self.plan.to_train_batch(rows, **self.plan.kwargs), config.seed)
         elif config.materialize_mapped_data:
             data = data.materialize()
