@@ -182,6 +182,15 @@ def bucket(s3_server, request) -> str:
 _bucket_numbers = itertools.count()
 
 
+def upload(local: Path, bucket: str, prefix: str) -> str:
+    """Copies a local dataset directory under s3://bucket/prefix; returns that URI."""
+    import boto3
+
+    for path in local.iterdir():
+        boto3.client("s3").upload_file(str(path), bucket, f"{prefix}/{path.name}")
+    return f"s3://{bucket}/{prefix}"
+
+
 MLFLOW_BUCKET = "mlflow"
 
 

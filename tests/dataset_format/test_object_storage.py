@@ -3,9 +3,7 @@ refused whole when a write was interrupted, and bad storage input reported in on
 
 from __future__ import annotations
 
-import gc
 import json
-import math
 import os
 import signal
 import subprocess
@@ -22,7 +20,17 @@ from collectors.collect import collect
 from collectors.config import DatasetConfig
 from common.errors import UserError
 from common.tracking import dvc_digest
-from tests.conftest import REPO, S3_ENV, TINY_COLLECT, _free_port, assert_user_error, kill_group, moto_server, orl
+from tests.conftest import (
+    REPO,
+    S3_ENV,
+    TINY_COLLECT,
+    _free_port,
+    assert_user_error,
+    kill_group,
+    moto_server,
+    orl,
+    upload,
+)
 
 EXPERT = DatasetConfig(env="CartPole-v1", episodes=20, seed=3)  # the expert_dataset fixture's spec
 
@@ -36,14 +44,6 @@ def objects(bucket: str, prefix: str) -> dict[str, bytes]:
     # Keys ending in "/" are directory markers (pyarrow leaves one where it deleted a directory's last file).
     return {key[len(prefix):]: s3.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys
             if not key.endswith("/")}
-
-
-def upload(local, bucket: str, prefix: str) -> str:
-    import boto3
-
-    for path in local.iterdir():
-        boto3.client("s3").upload_file(str(path), bucket, f"{prefix}/{path.name}")
-    return f"s3://{bucket}/{prefix}"
 
 
 def local_bytes(path) -> dict[str, bytes]:
@@ -68,8 +68,7 @@ def test_collect_to_s3_writes_the_bytes_of_a_local_collection(expert_dataset, ra
 
 
 def test_every_reader_takes_the_s3_uri(expert_dataset, ray_local, bucket):
-    from ray.rllib.algorithms.bc import BCConfig
-
+    """Ours, and stock pandas (stock RLlib: tests/training/test_rllib_reads_datasets.py)."""
     uri = upload(expert_dataset, bucket, "data/cartpole-expert")
     local = dataset.load_table(expert_dataset)
     assert dataset.load_table(uri).equals(local)
@@ -77,19 +76,6 @@ def test_every_reader_takes_the_s3_uri(expert_dataset, ray_local, bucket):
     assert dataset.load_ray(uri).count() == local.num_rows
     obs, actions = next(iter(dataset.torch_dataloader(uri, batch_size=64)))
     assert obs.shape == (64, 4) and actions.shape == (64,)
-    # Stock RLlib, given the URI as it is.
-    observation_space, action_space = dataset.read_card(uri).spaces
-    config = (BCConfig().environment(observation_space=observation_space, action_space=action_space)
-              .offline_data(input_=[uri], dataset_num_iters_per_learner=2,
-                            map_batches_kwargs={"concurrency": 1, "num_cpus": 1}))  # 2-CPU machine, see FIELD_NOTES
-    algo = config.build_algo()
-    try:
-        stats = algo.train()["learners"]["default_policy"]
-        assert math.isfinite(stats["policy_loss"]) and stats["num_module_steps_trained"] > 0
-    finally:
-        algo.stop()
-        del algo
-        gc.collect()  # closes RLlib's dataset iterators while Ray is still up
 
 
 def test_orl_lists_shows_validates_and_trains_from_s3(expert_dataset, bucket, tmp_path):

@@ -1,21 +1,27 @@
-"""Stock RLlib reads a collected dataset directory as it is, with no conversion."""
+"""Stock RLlib reads a collected dataset as it is, with no conversion: a directory, or an s3:// URI."""
 
 from __future__ import annotations
 
 import gc
 import math
 
+import pytest
+
 import dataset_format as dataset
+from tests.conftest import upload
 
 
-def test_stock_bc_trains_on_the_dataset_directory(expert_dataset, ray_local):
+@pytest.mark.parametrize("where", ["directory", "s3"])
+def test_stock_bc_trains_on_the_dataset(expert_dataset, ray_local, request, where):
     from ray.rllib.algorithms.bc import BCConfig
 
-    observation_space, action_space = dataset.read_card(expert_dataset).spaces
+    path = str(expert_dataset) if where == "directory" else upload(expert_dataset, request.getfixturevalue("bucket"),
+                                                                    "data/cartpole-expert")
+    observation_space, action_space = dataset.read_card(path).spaces
     config = (
         BCConfig()
         .environment(observation_space=observation_space, action_space=action_space)
-        .offline_data(input_=[str(expert_dataset)], dataset_num_iters_per_learner=2,
+        .offline_data(input_=[path], dataset_num_iters_per_learner=2,
                       map_batches_kwargs={"concurrency": 1, "num_cpus": 1})  # 2-CPU machine, see FIELD_NOTES
         .learners(num_learners=0)
     )
