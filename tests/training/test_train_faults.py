@@ -116,9 +116,10 @@ def _log_like_a_training_run(args) -> str:
         return run.info.run_id
 
 
-def test_four_concurrent_writers_to_one_sqlite_store_lose_nothing(tmp_path, expert_dataset):
+def test_four_concurrent_writers_to_one_sqlite_store_lose_nothing(tmp_path, expert_dataset, monkeypatch):
     from ray.rllib.algorithms.bc import BCConfig
 
+    monkeypatch.chdir(tmp_path)  # the writers' artifacts go to ./mlartifacts beside the store
     from dataset_format import read_card
 
     observation_space, action_space = read_card(expert_dataset).spaces
