@@ -35,7 +35,7 @@ def learner_metrics(result: dict) -> dict[str, float]:
 def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: str | Path, seed: int,
           checkpoint_every: int) -> dict:
     """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
-    dataset_dir, run = dataset.locate(dataset_path), RunDir(Path(out_dir))
+    dataset_dir, run, entry = dataset.locate(dataset_path), RunDir(Path(out_dir)), offline_algorithm(algo)
     card = dataset.read_card(dataset_dir)
     card = dataset.validate(dataset_dir, env_spaces(card.env_id))
     for output in (run.checkpoint, run.run_info):
@@ -65,7 +65,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
             algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
             print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}", file=sys.stderr)
         started = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0)
-        main_loss = offline_algorithm(algo).curve_loss
+        main_loss = entry.curve_loss
         for iteration in range(len(curve) + 1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             mlflow.log_metrics(metrics, step=iteration)
@@ -93,7 +93,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
         name, version = tracking.log_policy_model(card, run.checkpoint / MODULE_SUBDIR, algo)
         info = {
             "algo": algo,
-            "policy_is_distribution": offline_algorithm(algo).policy_is_distribution,
+            "policy_is_distribution": entry.policy_is_distribution,
             "dataset": card.name,
             "dataset_path": dataset_dir.uri,
             "env_id": card.env_id,
