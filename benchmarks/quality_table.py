@@ -196,7 +196,7 @@ def main() -> None:
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)
                         returns = rollout_returns(card.env_id, policy, params.evaluate.seed, params.evaluate.episodes,
-                                                  params.evaluate.num_workers, label=f"evaluate {column} {name}")
+                                                  params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
                 score = normalized_score(float(np.mean(returns)), reference)
                 entry["scores"][column].append(score)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "

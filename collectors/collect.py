@@ -11,7 +11,7 @@ from pathlib import Path
 import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig
 from collectors.policies import build_policy, knows_logp
-from collectors.rollout import episodes_dataset, progress_lines
+from collectors.rollout import episodes_by_node, episodes_dataset, print_nodes, progress_lines
 from common.envs import env_spaces
 
 # The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders.
@@ -64,6 +64,9 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | 
         transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
                                        settings.envs_per_collector, progress)
         card = dataset.write(transitions, out, card, file_bytes=int(settings.file_mib * 2**20))
+        nodes = episodes_by_node(progress)
+    # Where the work ran is printed, not kept in the card: the bytes must not depend on the cluster.
+    print_nodes(f"collect {name}", nodes)
     print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out}; "
           f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
     return card

@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collectors.config import PolicyConfig
 from collectors.policies import Policy, RandomPolicy, build_policy, knows_logp, worker_env_vars
@@ -54,7 +56,8 @@ class EpisodeRunner:
         eps_ids = task[TASK_EPISODES][0].as_py()
         table = self.run(eps_ids)
         if self.progress is not None:
-            self.progress.add.remote(len(eps_ids), table.num_rows)  # each task runs its episodes to the end
+            # Each task runs its episodes to the end.
+            self.progress.add.remote(len(eps_ids), table.num_rows, ray.get_runtime_context().get_node_id())
         return table
 
     def run(self, eps_ids: list[int]) -> pa.Table:
@@ -132,16 +135,22 @@ def _act(policy, random_policy, by_random: list[bool], obs, rngs, envs, with_log
 
 @ray.remote(num_cpus=0)
 class Progress:
-    """Counts the episodes and steps that collectors have finished, for the driver's progress line."""
+    """Counts the episodes and steps that collectors have finished, for the driver's progress line, and the
+    episodes each Ray node ran (where the work went on a cluster)."""
 
     def __init__(self):
         self.episodes, self.steps = 0, 0
+        self.episodes_by_node: dict[str, int] = {}
 
-    def add(self, episodes: int, steps: int) -> None:
+    def add(self, episodes: int, steps: int, node_id: str) -> None:
         self.episodes, self.steps = self.episodes + episodes, self.steps + steps
+        self.episodes_by_node[node_id] = self.episodes_by_node.get(node_id, 0) + episodes
 
     def totals(self) -> tuple[int, int]:
         return self.episodes, self.steps
+
+    def nodes(self) -> dict[str, int]:
+        return self.episodes_by_node
 
 
 def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
@@ -165,8 +174,12 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
 
 @contextmanager
 def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
-    """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change."""
-    progress = Progress.remote()
+    """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change.
+
+    The actor lives on the driver's node: a lost worker node must not take the count with it (its lost tasks
+    run again elsewhere and are counted again, so totals can pass the number of episodes)."""
+    on_driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    progress = Progress.options(scheduling_strategy=on_driver_node).remote()
     started, done = time.monotonic(), threading.Event()
 
     def report(last: tuple[int, int] | None) -> tuple[int, int]:
@@ -194,8 +207,27 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
         ray.kill(progress)
 
 
+def episodes_by_node(progress) -> dict[str, int]:
+    """How many episodes each Ray node ran, by node id, from a `progress_lines` actor."""
+    return ray.get(progress.nodes.remote())
+
+
+def print_nodes(label: str, nodes: dict[str, int]) -> None:
+    """On a cluster, a line naming the nodes that ran episodes (their ids' first 8 characters)."""
+    if len(nodes) > 1:
+        shares = ", ".join(f"{node[:8]} {episodes}" for node, episodes in sorted(nodes.items()))
+        print(f"[{label}] episodes by Ray node: {shares}", file=sys.stderr, flush=True)
+
+
+class Rollouts(NamedTuple):
+    returns: np.ndarray
+    """One return per episode, in episode order."""
+    episodes_by_node: dict[str, int]
+    """How many episodes each Ray node ran, by node id."""
+
+
 def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
-                    label: str) -> np.ndarray:
+                    label: str) -> Rollouts:
     """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation)."""
     per_worker = -(-episodes // num_workers)
     tasks = [list(range(s, min(s + per_worker, episodes))) for s in range(0, episodes, per_worker)]
@@ -203,4 +235,6 @@ def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episode
         stats = episodes_dataset(env_id, policy_config, seed, tasks, num_workers, per_worker, progress).select_columns(
             [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
-    return returns
+        nodes = episodes_by_node(progress)
+    print_nodes(label, nodes)
+    return Rollouts(returns, nodes)

@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 
+from common.reaper import watch_local_ray
+
 # Notices that Ray and RLlib print on every healthy run, about their own defaults rather than about the run:
 # (logger, start of the message, why it says nothing to an `orl` user). Anything else still prints.
 LIBRARY_NOTICES = (
@@ -18,6 +20,13 @@ LIBRARY_NOTICES = (
      "the new API stack, which RLlib announces as its default, is the one our learners are written for"),
     ("ray.data._internal.progress", "Progress bars disabled", "orl prints its own progress lines"),
     ("ray.tune.utils.util", "Install gputil", "a GPU monitor for machines with GPUs"),
+)
+
+# Loggers whose INFO lines narrate a healthy run, set to WARNING in every Ray process: (logger, why).
+QUIET_LOGGERS = (
+    ("ray.data._internal.execution.streaming_executor",
+     "three lines per pass over the data from the actor that splits it among several learners"),
+    ("ray.train.torch.config", "the torch.distributed process group that several learners set up"),
 )
 
 
@@ -31,9 +40,12 @@ class _DropLibraryNotices(logging.Filter):
 
 
 def quiet_library_notices() -> None:
-    """Drops LIBRARY_NOTICES in this process; Ray runs it in every worker too (`start_ray`)."""
+    """Drops LIBRARY_NOTICES and QUIET_LOGGERS' INFO lines in this process; Ray runs it in every worker too
+    (`start_ray`)."""
     for logger, prefix, _ in LIBRARY_NOTICES:
         logging.getLogger(logger).addFilter(_DropLibraryNotices(prefix))
+    for logger, _ in QUIET_LOGGERS:
+        logging.getLogger(logger).setLevel(logging.WARNING)
 
 
 # Printed by the driver's C++ core worker, which no logging filter reaches, for every actor pool Ray Data starts:
@@ -89,6 +101,7 @@ def start_ray(num_cpus: int) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], **settings)
     else:
         ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
+        watch_local_ray()  # a killed `orl` leaves none of its local Ray's processes behind
     drop_ray_core_notices()  # after ray.init: Ray's own processes keep the real stderr
     DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
     logging.getLogger("ray.data").setLevel(logging.WARNING)

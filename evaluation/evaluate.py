@@ -32,9 +32,9 @@ def measure_references(env_ids: list[str], config: EvaluateConfig, references_di
     for env_id in sorted(set(env_ids)):
         result = {"env_id": env_id, "seed": config.seed, "episodes": config.episodes}
         for kind in REFERENCE_POLICIES:
-            returns = rollout_returns(env_id, PolicyConfig(kind=kind), config.seed, config.episodes,
-                                      config.num_workers, label=f"reference {env_id} {kind}")
-            result[kind] = summarize(returns)
+            rollouts = rollout_returns(env_id, PolicyConfig(kind=kind), config.seed, config.episodes,
+                                       config.num_workers, label=f"reference {env_id} {kind}")
+            result[kind] = summarize(rollouts.returns)
         write_json(reference_path(Path(references_dir), env_id), result)
         print(f"[reference {env_id}] random {result['random']['mean']:.1f}, expert {result['expert']['mean']:.1f}",
               file=sys.stderr)
@@ -68,8 +68,8 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     sampled = config.sample_actions and info["policy_is_distribution"]
     actions = "sampled" if sampled else "greedy"
     policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
-    returns = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
-                              label=f"evaluate {run.path.name}")
+    returns, nodes = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
+                                     label=f"evaluate {run.path.name}")
     stats = summarize(returns)
     metrics = {f"return_{k}": v for k, v in stats.items()}
     metrics["normalized_score"] = normalized_score(stats["mean"], reference)
@@ -81,7 +81,7 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
 
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
-        mlflow.set_tag("eval.actions", actions)
+        mlflow.set_tags({"eval.actions": actions, "eval.episodes_by_ray_node": json.dumps(nodes, sort_keys=True)})
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")
     print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± "
           f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)

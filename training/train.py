@@ -14,15 +14,17 @@ import time
 from pathlib import Path
 
 import mlflow
+import ray
 
 import dataset_format as dataset
 from common import plots, tracking
 from common.envs import env_spaces
-from common.errors import refuse_to_overwrite
+from common.errors import UserError, refuse_to_overwrite
 from common.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
 from common.trained_policy import MODULE_SUBDIR
 from training.algorithms.registry import algorithm as offline_algorithm
 from training.algorithms.registry import rllib_config
+from training.algorithms.train_batches import release_data_iterator
 from training.config import LearnerParams
 
 
@@ -58,31 +60,38 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
             tracking.log_dataset_input(card, dataset_dir, digest)
 
         algorithm = rllib_config(algo, params, card.spaces, dataset_dir, seed).build_algo()
-        curve = resume["curve"] if resume else []
-        if resume:
-            # The learner group holds the weights and optimizer state. Algorithm.restore_from_path would also
-            # sync env runners, which offline training does not have (it fails on None in RLlib 2.60).
-            algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
-            print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}", file=sys.stderr)
-        started = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0)
-        main_loss = entry.curve_loss
-        for iteration in range(len(curve) + 1, params.iterations + 1):
-            metrics = learner_metrics(algorithm.train())
-            mlflow.log_metrics(metrics, step=iteration)
-            # The curve keeps the losses, which every iteration reports (other stats come and go).
-            losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
-            curve.append({"iteration": iteration, CURVE_METRIC: losses.get(main_loss, math.nan), **losses,
-                          "time_s": time.monotonic() - started})
-            print(f"[{label}] iteration {iteration}/{params.iterations} {main_loss}="
-                  f"{curve[-1][CURVE_METRIC]:.4f} ({curve[-1]['time_s']:.1f}s)",
-                  file=sys.stderr, flush=True)
-            if iteration % checkpoint_every == 0 and iteration < params.iterations:
-                _save_resume(algorithm, run, {"fingerprint": fingerprint, "curve": curve,
-                                              "mlflow_run_id": mlflow_run.info.run_id})
-        algorithm.save_to_path(run.checkpoint.resolve())
-        algorithm.stop()
-        del algorithm
-        gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else noisy errors at exit)
+        try:
+            mlflow.set_tag("ray.learner_nodes", json.dumps(learner_nodes(algorithm)))
+            curve = resume["curve"] if resume else []
+            if resume:
+                # The learner group holds the weights and optimizer state. Algorithm.restore_from_path would also
+                # sync env runners, which offline training does not have (it fails on None in RLlib 2.60).
+                algorithm.learner_group.restore_from_path((run.resume_checkpoint / "learner_group").resolve())
+                print(f"[{label}] resuming after iteration {len(curve)} from {run.resume_checkpoint}",
+                      file=sys.stderr)
+            started, saved_after = time.monotonic() - (curve[-1]["time_s"] if curve else 0.0), len(curve)
+            main_loss = entry.curve_loss
+            for iteration in range(len(curve) + 1, params.iterations + 1):
+                metrics = learner_metrics(_train_iteration(algorithm, iteration, run, saved_after))
+                mlflow.log_metrics(metrics, step=iteration)
+                # The curve keeps the losses, which every iteration reports (other stats come and go).
+                losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
+                curve.append({"iteration": iteration, CURVE_METRIC: losses.get(main_loss, math.nan), **losses,
+                              "time_s": time.monotonic() - started})
+                print(f"[{label}] iteration {iteration}/{params.iterations} {main_loss}="
+                      f"{curve[-1][CURVE_METRIC]:.4f} ({curve[-1]['time_s']:.1f}s)",
+                      file=sys.stderr, flush=True)
+                if iteration % checkpoint_every == 0 and iteration < params.iterations:
+                    _save_resume(algorithm, run, {"fingerprint": fingerprint, "curve": curve,
+                                                  "mlflow_run_id": mlflow_run.info.run_id})
+                    saved_after = iteration
+            algorithm.save_to_path(run.checkpoint.resolve())
+        finally:
+            # Learners let go of their data while Ray is up in their processes; then the algorithm stops them.
+            algorithm.learner_group.foreach_learner(release_data_iterator)
+            algorithm.stop()
+            del algorithm
+            gc.collect()  # closes RLlib's dataset iterators while Ray is still up (else noisy errors at exit)
 
         final = {k: v for k, v in curve[-1].items() if k != "iteration"}
         write_csv(run.learning_curve, curve)
@@ -106,6 +115,29 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
     print(f"[{label}] done: checkpoint {run.checkpoint}, MLflow run {info['mlflow_run_id']}, "
           f"model {name} v{version}", file=sys.stderr)
     return info
+
+
+def _train_iteration(algorithm, iteration: int, run: RunDir, saved_after: int) -> dict:
+    """One `Algorithm.train()`. A learner lost meanwhile (its node or its process) ends the run with one line
+    saying how to resume, from the state saved after iteration `saved_after` (0: none yet)."""
+    try:
+        return algorithm.train()
+    except ray.exceptions.RayError as err:
+        # The lost learner is out of service by now; the survivors' own errors (torch.distributed's, as their
+        # peer vanished) come first at times.
+        health = algorithm.learner_group.foreach_learner(lambda learner: None, healthy_only=False, timeout_seconds=30)
+        if all(result.ok for result in health):
+            raise  # a learner's own error, not a lost learner: its traceback says more than a line could
+        resume = (f"run the same command again to resume after iteration {saved_after} from {run.resume_checkpoint}"
+                  if saved_after else "no resume state was saved yet: running it again starts over")
+        raise UserError(f"a learner was lost in iteration {iteration} (its Ray node or process died); the MLflow "
+                        f"run is marked FAILED; {resume}") from err
+
+
+def learner_nodes(algorithm) -> list[str]:
+    """The Ray node id of each learner, by rank (the driver's node for a learner in the driver's process)."""
+    results = algorithm.learner_group.foreach_learner(lambda learner: ray.get_runtime_context().get_node_id())
+    return [result.get() for result in results]
 
 
 def _load_resume(run: RunDir, fingerprint: str) -> dict | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+import ray
 
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner, episode_seeds, rollout_returns
@@ -82,8 +83,9 @@ def test_continuous_actions_without_a_density_have_no_logp_column():
 
 @pytest.mark.parametrize("config", [MIXTURE, PolicyConfig(kind="random")])
 def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_local):
-    returns = rollout_returns("CartPole-v1", config, seed=21, episodes=5, num_workers=2, label="test")
+    returns, nodes = rollout_returns("CartPole-v1", config, seed=21, episodes=5, num_workers=2, label="test")
     local, _ = episode_stats(EpisodeRunner("CartPole-v1", config, seed=21, num_envs=1).run(list(range(5))))
     assert returns.shape == (5,)
     np.testing.assert_array_equal(returns, local)
     assert len(set(returns.tolist())) > 1  # distinct episodes, not one repeated
+    assert nodes == {ray.get_runtime_context().get_node_id(): 5}

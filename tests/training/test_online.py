@@ -70,7 +70,7 @@ def test_held_out_episodes_score_the_checkpoint_that_stops_training(ray_local, w
     # The saved checkpoint is the policy that was scored: its episodes on the held-out seeds return the same.
     checkpoint = PolicyConfig(kind="model", model=str(workdir / "runs" / "ppo" / "checkpoint"))
     returns = rollout_returns("CartPole-v1", checkpoint, config.held_out_seed, config.held_out_episodes,
-                              num_workers=1, label="re-score")
+                              num_workers=1, label="re-score").returns
     assert returns.mean() == pytest.approx(final["held_out_return_mean"])
 
 

@@ -78,7 +78,7 @@ def test_evaluate_samples_bcs_actions_when_asked(trained_run, ray_local, tmp_pat
     # The returns are those of the checkpoint's policy sampling its actions on the evaluation seeds.
     evaluate = params["evaluate"]
     expected = rollout_returns("CartPole-v1", PolicyConfig(kind="model", model=str(run_dir / "checkpoint")),
-                               evaluate["seed"], evaluate["episodes"], evaluate["num_workers"], label="expected")
+                               evaluate["seed"], evaluate["episodes"], evaluate["num_workers"], label="expected").returns
     assert [r["return"] for r in read_csv(run_dir / "eval_returns.csv")] == pytest.approx(list(expected))
     info = json.loads((run_dir / "run.json").read_text())
     assert MlflowClient(uri).get_run(info["mlflow_run_id"]).data.tags["eval.actions"] == "sampled"

@@ -15,46 +15,66 @@ returns.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import ray
 import torch
 from ray.data import TaskPoolStrategy
 from ray.rllib.offline.offline_data import OfflineData
 
 import dataset_format as dataset
+from common.errors import UserError
 from training.algorithms.rllib_internals import offline_data_map_kwargs, offline_data_rows, set_offline_data_mapped
 
 
 class InMemoryBatches:
-    """Mapped columns held as tensors, read in shuffled passes: what a replay buffer does, and the plain torch
-    loop the throughput benchmark compares with.
+    """One learner's share of a small dataset's train batches, held as tensors and read in shuffled passes: what a
+    replay buffer does, and the plain torch loop the throughput benchmark compares with.
 
     It stands in for the `ray.data.DataIterator` that RLlib's learner reads (`iter_torch_batches`), so each
-    batch is one index lookup per column, with no Ray Data pipeline between updates. Each pass is a fresh
-    permutation of all rows (a global shuffle, where streaming has a buffer's); the rows a pass leaves over
-    (fewer than a batch) wait for the next.
+    batch is one index lookup per column, with no Ray Data pipeline between updates. It is sent to its learner
+    small and reads its rows there, on first use, from the dataset's files: every row is mapped (no episode is
+    cut) and shard `shard` of `num_shards` keeps every `num_shards`-th one. Learner actors so hold no object in
+    Ray's object store, and need no CPU beside their own: a lost node takes no other learner's data with it.
+    Each pass is a fresh permutation of the shard's rows (a global shuffle, where streaming has a buffer's); the
+    rows a pass leaves over (fewer than a batch) wait for the next.
     """
 
-    def __init__(self, columns: dict[str, np.ndarray], seed: int | None):
-        # Columns Arrow handed over without a copy are read-only, which torch warns about.
-        self.columns = {name: torch.from_numpy(values if values.flags.writeable else values.copy())
-                        for name, values in columns.items()}
-        self.rows = len(next(iter(self.columns.values())))
-        self.generator = torch.Generator().manual_seed(seed or 0)
+    def __init__(self, location: dataset.Location, plan: BatchPlan, seed: int | None, shard: int = 0,
+                 num_shards: int = 1):
+        self.location, self.plan, self.shard, self.num_shards = location, plan, shard, num_shards
+        self.seed = (seed or 0) + shard
+        self.columns: dict[str, torch.Tensor] | None = None
         self.batch_size, self.device = 0, "cpu"
 
-    def iter_torch_batches(self, *, batch_size: int, device="cpu", **_ray_data_kwargs) -> "InMemoryBatches":
+    def load(self) -> InMemoryBatches:
+        """Reads and maps the rows (once); this learner's share stays."""
+        if self.columns is None:
+            mapped = self.plan.to_train_batch(dataset.read_table(self.location), **self.plan.kwargs)
+            # Columns Arrow handed over without a copy are read-only, which torch warns about.
+            self.columns = {name: torch.from_numpy(np.ascontiguousarray(values[self.shard::self.num_shards]))
+                            for name, values in mapped.items()}
+            self.generator = torch.Generator().manual_seed(self.seed)
+        return self
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.load().columns.values())))
+
+    def iter_torch_batches(self, *, batch_size: int, device="cpu", **_ray_data_kwargs) -> InMemoryBatches:
         """The batches to read, as `ray.data.DataIterator.iter_torch_batches` gives them; shuffle settings
         are for streaming."""
         self.batch_size, self.device = batch_size, device
         return self
 
     def __iter__(self):
-        order = torch.randperm(self.rows, generator=self.generator)
-        # A dataset smaller than a batch is read whole; a pass that yielded nothing would make RLlib wait forever.
-        for start in range(0, max(self.rows - self.batch_size + 1, 1), self.batch_size):
+        rows = self.rows
+        order = torch.randperm(rows, generator=self.generator)
+        # A shard smaller than a batch is read whole; a pass that yielded nothing would make RLlib wait forever.
+        for start in range(0, max(rows - self.batch_size + 1, 1), self.batch_size):
             picked = order[start:start + self.batch_size]
             yield {name: values[picked].to(self.device) for name, values in self.columns.items()}
 
@@ -100,23 +120,40 @@ class TransitionsData(OfflineData):
         map_kwargs["compute"] = TaskPoolStrategy(size=map_kwargs.pop("concurrency"))
         data = data.map_batches(self.plan.to_train_batch, fn_kwargs=self.plan.kwargs, batch_size=self.plan.read_rows,
                                 batch_format="pyarrow", **map_kwargs)
-        # Small datasets are mapped once. A local learner reads and maps them in its own process, all rows at
-        # once (no episode is cut), and holds them as tensors: no Ray Data workers to start. Remote learners
-        # share them through the object store. Like Ray Data's reads, this one leaves validation to the caller.
-        self.in_memory = None
-        if config.materialize_mapped_data and config.num_learners == 0:
-            rows = dataset.read_table(self.location)
-            self.in_memory = InMemoryBatches(self.plan.to_train_batch(rows, **self.plan.kwargs), config.seed)
-        elif config.materialize_mapped_data:
-            data = data.materialize()
-        else:  # streams: Ray Data reads ahead of the learner within this object-store budget, in blocks of this size
+        # Small datasets are mapped once and held as tensors by each learner (InMemoryBatches): no Ray Data
+        # workers to start, and nothing in the object store. Larger ones stream.
+        self.in_memory = config.materialize_mapped_data
+        if not self.in_memory:  # Ray Data reads ahead of the learner within this object-store budget, in blocks
+            require_cpus_to_stream(config)
             options = data.context.execution_options
             options.resource_limits = options.resource_limits.copy(object_store_memory=self.stream.read_ahead_bytes)
             data.context.target_max_block_size = self.stream.block_bytes
         set_offline_data_mapped(self, data)  # OfflineData.sample must not map again
 
     def sample(self, num_samples, return_iterator=False, num_shards=1, module_state=None):
-        if self.in_memory is not None and return_iterator:
-            return [self.in_memory]
+        if self.in_memory and return_iterator:  # RLlib asks for 0 shards for a learner in this process
+            return [InMemoryBatches(self.location, self.plan, self.config.seed, shard, max(num_shards, 1))
+                    for shard in range(max(num_shards, 1))]
         return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
                               module_state=module_state)
+
+
+def require_cpus_to_stream(config) -> None:
+    """Streaming needs CPUs for its Ray Data tasks beside the learner actors' own; without them it waits forever."""
+    learner_cpus = config.num_learners * (1 if config.num_cpus_per_learner == "auto" else config.num_cpus_per_learner)
+    map_cpus = config.map_batches_kwargs["num_cpus"] * config.map_batches_kwargs["concurrency"]
+    cluster_cpus = ray.cluster_resources().get("CPU", 0)
+    if learner_cpus + map_cpus > cluster_cpus:
+        raise UserError(f"streaming this dataset needs {learner_cpus:g} CPUs for {config.num_learners} learners and "
+                        f"{map_cpus:g} for map_tasks, and Ray has {cluster_cpus:g}: lower num_learners or map_tasks, "
+                        "add CPUs, or raise memory_cache_mib to hold the dataset in memory")
+
+
+def release_data_iterator(learner) -> None:
+    """Closes a learner's Ray Data iterator in the learner's own process, while Ray is still up there.
+
+    Left to the interpreter's exit, the iterator's generator is closed after Ray's shutdown; Ray Data's cleanup then
+    reports stats, which initializes Ray again inside the exiting learner actor and crashes it ("Check failed:
+    !core_worker_process", core_worker_process.cc:92, Ray 2.60), with tracebacks on the driver's console."""
+    learner.iterator = None
+    gc.collect()

@@ -18,7 +18,7 @@ from pipelines.params import load_params
 from training.algorithms import batch_columns
 from training.algorithms.batch_columns import N_STEP, cloning_batch, flat, transitions, with_n_step, with_returns
 from training.algorithms.registry import rllib_config
-from training.algorithms.train_batches import InMemoryBatches
+from training.algorithms.train_batches import InMemoryBatches, release_data_iterator
 
 GAMMA = 0.5
 
@@ -159,7 +159,8 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
 def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
     params = load_params("params.yaml").algos.bc
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
-    data = config.offline_data_class(config).in_memory
+    [data] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
+    data.load()
     passes = [torch.cat([batch["default_policy/obs"] for batch in data.iter_torch_batches(batch_size=100)])
               for _ in range(2)]
     everything = {row.numpy().tobytes() for row in data.columns["default_policy/obs"]}
@@ -171,9 +172,20 @@ def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
     assert len(list(data.iter_torch_batches(batch_size=10 * data.rows))) == 1  # smaller than a batch: read whole
 
 
+def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):
+    """With learner actors, each reads the dataset in its own process and keeps a disjoint share of the rows."""
+    params = load_params("params.yaml").algos.bc
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    shards = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=2)
+    rows = [{row.numpy().tobytes() for row in shard.load().columns["default_policy/obs"]} for shard in shards]
+    everything = [row.tobytes() for row in dataset.load_arrays(mixture_dataset)[Col.OBS]]
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(everything)
+    assert abs(shards[0].rows - shards[1].rows) <= 1
+
+
 def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
-    """num_learners=2: the dataset is held in the object store and split between two learner actors, whose
-    averaged gradients keep their weights equal."""
+    """num_learners=2: each learner actor holds its share of the dataset, and their averaged gradients keep
+    their weights equal."""
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "num_learners": 2, "updates_per_iteration": 3, "batch_size": 64})
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
@@ -188,6 +200,7 @@ def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
         results = [algorithm.train() for _ in range(2)]
         after = weights()
     finally:
+        algorithm.learner_group.foreach_learner(release_data_iterator)
         algorithm.stop()
     assert np.isfinite(results[-1]["learners"]["default_policy"]["policy_loss"])
     for key, first in after[0]["default_policy"].items():
