@@ -6,10 +6,12 @@ Episode `i` of a run with seed `s` resets its environment and seeds its policy r
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from collectors.config import PolicyConfig
 from collectors.policies import Policy, RandomPolicy, build_policy, knows_logp, worker_env_vars
 from common.envs import make_env, step_actions
+from common.trained_policy import is_mlflow_uri
 from dataset_format import Col, arrow_schema, episode_stats, transitions_table
 
 
@@ -57,7 +60,7 @@ class EpisodeRunner:
         table = self.run(eps_ids)
         if self.progress is not None:
             # Each task runs its episodes to the end.
-            self.progress.add.remote(len(eps_ids), table.num_rows, ray.get_runtime_context().get_node_id())
+            self.progress.add.remote(eps_ids[0], len(eps_ids), table.num_rows, ray.get_runtime_context().get_node_id())
         return table
 
     def run(self, eps_ids: list[int]) -> pa.Table:
@@ -136,21 +139,23 @@ def _act(policy, random_policy, by_random: list[bool], obs, rngs, envs, with_log
 @ray.remote(num_cpus=0)
 class Progress:
     """Counts the episodes and steps that collectors have finished, for the driver's progress line, and the
-    episodes each Ray node ran (where the work went on a cluster)."""
+    episodes each Ray node ran (where the work went on a cluster). A task run again (its node lost, its actor
+    restarted) counts once, on the node that ran it last."""
 
     def __init__(self):
-        self.episodes, self.steps = 0, 0
-        self.episodes_by_node: dict[str, int] = {}
+        self.tasks: dict[int, tuple[int, int, str]] = {}  # first episode -> episodes, steps, node
 
-    def add(self, episodes: int, steps: int, node_id: str) -> None:
-        self.episodes, self.steps = self.episodes + episodes, self.steps + steps
-        self.episodes_by_node[node_id] = self.episodes_by_node.get(node_id, 0) + episodes
+    def add(self, first_episode: int, episodes: int, steps: int, node_id: str) -> None:
+        self.tasks[first_episode] = (episodes, steps, node_id)
 
     def totals(self) -> tuple[int, int]:
-        return self.episodes, self.steps
+        return sum(t[0] for t in self.tasks.values()), sum(t[1] for t in self.tasks.values())
 
     def nodes(self) -> dict[str, int]:
-        return self.episodes_by_node
+        by_node: dict[str, int] = {}
+        for episodes, _, node_id in self.tasks.values():
+            by_node[node_id] = by_node.get(node_id, 0) + episodes
+        return by_node
 
 
 def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
@@ -159,6 +164,9 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
     `num_collectors` actors (1 CPU each). A collector that dies is restarted and its task re-run; episodes are
     seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all."""
     ray.data.DataContext.get_current().execution_options.preserve_order = True
+    if policy_config.model and not is_mlflow_uri(policy_config.model):
+        # Actors run in their own working directories (on a cluster, on other machines of a shared file system).
+        policy_config = dataclasses.replace(policy_config, model=str(Path(policy_config.model).resolve()))
     env_vars = worker_env_vars(policy_config)
     # Up to 8 tasks queued per actor (Ray Data's default is 2) keep actors busy while the driver, sharing the
     # cores with them, is slow to hand out the next task.
@@ -176,8 +184,7 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
 def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
     """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change.
 
-    The actor lives on the driver's node: a lost worker node must not take the count with it (its lost tasks
-    run again elsewhere and are counted again, so totals can pass the number of episodes)."""
+    The actor lives on the driver's node: a lost worker node must not take the count with it."""
     on_driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     progress = Progress.options(scheduling_strategy=on_driver_node).remote()
     started, done = time.monotonic(), threading.Event()
@@ -219,6 +226,9 @@ def print_nodes(label: str, nodes: dict[str, int]) -> None:
         print(f"[{label}] episodes by Ray node: {shares}", file=sys.stderr, flush=True)
 
 
+TASKS_PER_WORKER = 4
+
+
 class Rollouts(NamedTuple):
     returns: np.ndarray
     """One return per episode, in episode order."""
@@ -228,11 +238,13 @@ class Rollouts(NamedTuple):
 
 def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
                     label: str) -> Rollouts:
-    """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation)."""
-    per_worker = -(-episodes // num_workers)
-    tasks = [list(range(s, min(s + per_worker, episodes))) for s in range(0, episodes, per_worker)]
+    """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation).
+
+    Each actor gets several tasks, so that one slow to start (loading a model on a busy node) still takes a share."""
+    per_task = -(-episodes // (num_workers * TASKS_PER_WORKER))
+    tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
     with progress_lines(label, episodes) as progress:
-        stats = episodes_dataset(env_id, policy_config, seed, tasks, num_workers, per_worker, progress).select_columns(
+        stats = episodes_dataset(env_id, policy_config, seed, tasks, num_workers, per_task, progress).select_columns(
             [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
         nodes = episodes_by_node(progress)
