@@ -54,9 +54,10 @@ class InMemoryBatches:
         """Reads and maps the rows (once); this learner's share stays."""
         if self.columns is None:
             mapped = self.plan.to_train_batch(dataset.read_table(self.location), **self.plan.kwargs)
+            shares = {name: values[self.shard::self.num_shards] for name, values in mapped.items()}
             # Columns Arrow handed over without a copy are read-only, which torch warns about.
-            self.columns = {name: torch.from_numpy(np.ascontiguousarray(values[self.shard::self.num_shards]))
-                            for name, values in mapped.items()}
+            self.columns = {name: torch.from_numpy(share if share.flags.writeable and share.flags.c_contiguous
+                                                   else share.copy()) for name, share in shares.items()}
             self.generator = torch.Generator().manual_seed(self.seed)
         return self
 
@@ -77,6 +78,42 @@ class InMemoryBatches:
         for start in range(0, max(rows - self.batch_size + 1, 1), self.batch_size):
             picked = order[start:start + self.batch_size]
             yield {name: values[picked].to(self.device) for name, values in self.columns.items()}
+
+
+class StreamedBatches:
+    """A learner's stream of a large dataset's train batches: chunks of `local_shuffle_buffer_size` rows that Ray
+    Data reads and maps ahead of the learner, each shuffled with the rows the previous one left over and cut into
+    batches by tensor indexing.
+
+    It stands in for the `ray.data.DataIterator` RLlib's learner reads, and wraps it: Ray Data's own local shuffle
+    buffer concatenates and slices Arrow blocks for every batch, the slowest part of streaming small rows. A pass
+    ends with the rows left over, fewer than a batch.
+    """
+
+    def __init__(self, rows, seed: int | None):
+        self.rows, self.generator = rows, torch.Generator().manual_seed(seed or 0)
+        self.batch_size, self.buffer_rows, self.device = 0, 0, "cpu"
+
+    def iter_torch_batches(self, *, batch_size: int, device="cpu", local_shuffle_buffer_size: int | None = None,
+                           **_ray_data_kwargs) -> StreamedBatches:
+        self.batch_size, self.device = batch_size, device
+        self.buffer_rows = max(local_shuffle_buffer_size or 0, batch_size)
+        return self
+
+    def __iter__(self):
+        left: dict[str, torch.Tensor] = {}
+        for chunk in self.rows.iter_torch_batches(batch_size=self.buffer_rows, prefetch_batches=1):
+            if left:
+                chunk = {name: torch.cat([left[name], values]) for name, values in chunk.items()}
+            rows = len(next(iter(chunk.values())))
+            order = torch.randperm(rows, generator=self.generator)
+            whole = rows - rows % self.batch_size
+            for start in range(0, whole, self.batch_size):
+                picked = order[start:start + self.batch_size]
+                yield {name: values[picked].to(self.device) for name, values in chunk.items()}
+            left = {name: values[order[whole:]] for name, values in chunk.items()}
+        if left and len(next(iter(left.values()))):
+            yield {name: values.to(self.device) for name, values in left.items()}
 
 
 @dataclass(frozen=True)
@@ -134,6 +171,10 @@ class TransitionsData(OfflineData):
         if self.in_memory and return_iterator:  # RLlib asks for 0 shards for a learner in this process
             return [InMemoryBatches(self.location, self.plan, self.config.seed, shard, max(num_shards, 1))
                     for shard in range(max(num_shards, 1))]
+        if return_iterator:
+            streams = super().sample(num_samples, return_iterator=True, num_shards=num_shards)
+            shards = streams if isinstance(streams, list) else [streams]
+            return [StreamedBatches(rows, (self.config.seed or 0) + shard) for shard, rows in enumerate(shards)]
         return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
                               module_state=module_state)
 

@@ -18,7 +18,7 @@ from pipelines.params import load_params
 from training.algorithms import batch_columns
 from training.algorithms.batch_columns import N_STEP, cloning_batch, flat, transitions, with_n_step, with_returns
 from training.algorithms.registry import rllib_config
-from training.algorithms.train_batches import InMemoryBatches, release_data_iterator
+from training.algorithms.train_batches import InMemoryBatches, StreamedBatches, release_data_iterator
 
 GAMMA = 0.5
 
@@ -138,14 +138,12 @@ def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
 
 @pytest.mark.parametrize("cache_mib, in_memory", [(1024, True), (0, False)])
 def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, in_memory):
-    from ray.data import DataIterator
-
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
     data = config.offline_data_class(config)
     [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
-    assert isinstance(iterator, InMemoryBatches if in_memory else DataIterator)
+    assert isinstance(iterator, InMemoryBatches if in_memory else StreamedBatches)
     if not in_memory:  # reading ahead stays within the object-store budget, in blocks of the set size
         limits = data.data.context.execution_options.resource_limits
         assert limits.object_store_memory == params.stream_read_ahead_mib * 2**20
