@@ -154,6 +154,7 @@ class TransitionsData(OfflineData):
         map_kwargs = dict(offline_data_map_kwargs(self))
         # RLlib's `concurrency` (actors in its pre-learner pool) reads here as a pool of tasks, named as Ray Data
         # now asks (it deprecated `concurrency`).
+        map_cpus = map_kwargs["num_cpus"] * map_kwargs["concurrency"]
         map_kwargs["compute"] = TaskPoolStrategy(size=map_kwargs.pop("concurrency"))
         data = data.map_batches(self.plan.to_train_batch, fn_kwargs=self.plan.kwargs, batch_size=self.plan.read_rows,
                                 batch_format="pyarrow", **map_kwargs)
@@ -161,7 +162,7 @@ class TransitionsData(OfflineData):
         # workers to start, and nothing in the object store. Larger ones stream.
         self.in_memory = config.materialize_mapped_data
         if not self.in_memory:  # Ray Data reads ahead of the learner within this object-store budget, in blocks
-            require_cpus_to_stream(config)
+            require_cpus_to_stream(config, map_cpus)
             options = data.context.execution_options
             options.resource_limits = options.resource_limits.copy(object_store_memory=self.stream.read_ahead_bytes)
             data.context.target_max_block_size = self.stream.block_bytes
@@ -179,10 +180,10 @@ class TransitionsData(OfflineData):
                               module_state=module_state)
 
 
-def require_cpus_to_stream(config) -> None:
-    """Streaming needs CPUs for its Ray Data tasks beside the learner actors' own; without them it waits forever."""
+def require_cpus_to_stream(config, map_cpus: float) -> None:
+    """Streaming needs CPUs for its Ray Data map tasks (`map_cpus` in all) beside the learner actors' own; without
+    them it waits forever."""
     learner_cpus = config.num_learners * (1 if config.num_cpus_per_learner == "auto" else config.num_cpus_per_learner)
-    map_cpus = config.map_batches_kwargs["num_cpus"] * config.map_batches_kwargs["concurrency"]
     cluster_cpus = ray.cluster_resources().get("CPU", 0)
     if learner_cpus + map_cpus > cluster_cpus:
         raise UserError(f"streaming this dataset needs {learner_cpus:g} CPUs for {config.num_learners} learners and "

@@ -154,6 +154,21 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
     assert sorted(batches[0]) == sorted(cloning_batch(_rows(mixture_dataset, 0, 1)))  # BC's two columns
 
 
+def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_dataset, ray_local):
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "memory_cache_mib": 0})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    [stream] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
+    batches = list(stream.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=500))
+    assert all(len(batch["default_policy/obs"]) == 64 for batch in batches[:-1])
+    seen = torch.cat([batch["default_policy/obs"] for batch in batches]).numpy()
+    in_file_order = dataset.load_arrays(mixture_dataset)[Col.OBS]
+    assert sorted(row.tobytes() for row in seen) == sorted(row.tobytes() for row in in_file_order)
+    position = {row.tobytes(): i for i, row in enumerate(in_file_order)}
+    first = [position[row.tobytes()] for row in seen[:64]]
+    assert max(first) - min(first) > 4 * 64  # a batch mixes steps from far apart in the files, not one episode
+
+
 def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
     params = load_params("params.yaml").algos.bc
     config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
