@@ -62,7 +62,8 @@ class LearnerParams:
     num_learners: int = 0
     """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
-    cluster, where each learner has its own node or GPU. Their data goes through Ray's object store."""
+    cluster, where each learner has its own node or GPU. Each reads its share of a dataset held in memory itself; a
+    streamed one also needs `map_tasks` CPUs beside theirs."""
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",

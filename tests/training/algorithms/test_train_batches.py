@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import dataset_format as dataset
+from common.errors import UserError
 from dataset_format import Col
 from pipelines.params import load_params
 from training.algorithms import batch_columns
@@ -167,6 +168,15 @@ def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_d
     position = {row.tobytes(): i for i, row in enumerate(in_file_order)}
     first = [position[row.tobytes()] for row in seen[:64]]
     assert max(first) - min(first) > 4 * 64  # a batch mixes steps from far apart in the files, not one episode
+
+
+def test_streaming_without_cpus_beside_the_learners_is_refused_in_one_line(mixture_dataset, ray_local):
+    """Two learner actors and a map task want 3 CPUs of Ray's 2: the stream would wait forever."""
+    params = load_params("params.yaml").algos.bc
+    params = type(params)(**{**params.__dict__, "memory_cache_mib": 0, "num_learners": 2})
+    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    with pytest.raises(UserError, match="needs 2 CPUs for 2 learners and 1 for map_tasks, and Ray has 2"):
+        config.offline_data_class(config)
 
 
 def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
