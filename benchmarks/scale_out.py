@@ -168,8 +168,8 @@ def main() -> None:
     paths, collection = collect_all(args.data_dir, args.sizes, args.s3)
     print("| transitions | collected on | seconds | transitions/s |\n|---|---|---|---|\n" + "\n".join(collection))
 
-    rows = ["| algo | transitions | data | start-up (s) | samples/s | streamed ÷ in memory | driver peak RSS (MiB) | "
-            "learner peak RSS (MiB) |", "|---|---|---|---|---|---|---|---|"]
+    rows = [("| algo | transitions | data | start-up (s) | samples/s | streamed ÷ in memory | driver peak RSS (MiB) | "
+             "learner peak RSS (MiB) |"), "|---|---|---|---|---|---|---|---|"]
     results = {}
     runs = [(algo, size, mode) for algo in ALGOS for size in args.sizes for mode in ("in memory", "streamed")]
     if args.s3:
