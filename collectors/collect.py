@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig
 from collectors.policies import build_policy, knows_logp
-from collectors.rollout import episodes_by_node, episodes_dataset, print_nodes, progress_lines
+from collectors.rollout import episodes_dataset, progress_lines
+from common.code_version import code_version, library_versions
 from common.envs import env_spaces
 
 # The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders.
 COLLECTION_CODE = ("collectors", "common", "dataset_format")
-
-
-def code_version() -> str:
-    """This package's version and, inside a git checkout, the last commit that changed the collection code;
-    `.dirty` if that code has local edits. Commits that leave it alone leave the version, and so every collected
-    byte, as they were: a fresh clone reproduces dvc.lock's dataset hashes."""
-    version = metadata.version("offline-rl-pipeline")
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("log", "-1", "--format=%h", "--abbrev=12", "--", *COLLECTION_CODE)
-        dirty = git("status", "--porcelain", "--", *COLLECTION_CODE)
-        return f"{version}+g{commit}" + (".dirty" if dirty else "") if commit else version
-    except (OSError, subprocess.CalledProcessError):
-        return version
 
 
 def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | Path) -> dataset.DatasetCard:
@@ -57,16 +38,13 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | 
         episode_length={},
         files=[],
         columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
-        code_version=code_version(),
-        library_versions={lib: metadata.version(lib) for lib in ("gymnasium", "pyarrow", "ray")},
+        code_version=code_version(COLLECTION_CODE),
+        library_versions=library_versions(),
     )
     with progress_lines(f"collect {name}", spec.episodes) as progress:
         transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
                                        settings.envs_per_collector, progress)
         card = dataset.write(transitions, out, card, file_bytes=int(settings.file_mib * 2**20))
-        nodes = episodes_by_node(progress)
-    # Where the work ran is printed, not kept in the card: the bytes must not depend on the cluster.
-    print_nodes(f"collect {name}", nodes)
     print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out}; "
           f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
     return card

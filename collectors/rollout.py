@@ -182,7 +182,8 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
 
 @contextmanager
 def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
-    """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change.
+    """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change,
+    and at the end, on a cluster, the nodes that ran the episodes.
 
     The actor lives on the driver's node: a lost worker node must not take the count with it."""
     on_driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -208,6 +209,7 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
     try:
         yield progress
         report(None)  # the final totals
+        _print_nodes(label, episodes_by_node(progress))
     finally:
         done.set()
         thread.join()
@@ -219,8 +221,9 @@ def episodes_by_node(progress) -> dict[str, int]:
     return ray.get(progress.nodes.remote())
 
 
-def print_nodes(label: str, nodes: dict[str, int]) -> None:
-    """On a cluster, a line naming the nodes that ran episodes (their ids' first 8 characters)."""
+def _print_nodes(label: str, nodes: dict[str, int]) -> None:
+    """On a cluster, a line naming the nodes that ran episodes (their ids' first 8 characters). Printed, not kept in
+    a dataset's card: its bytes must not depend on the cluster."""
     if len(nodes) > 1:
         shares = ", ".join(f"{node[:8]} {episodes}" for node, episodes in sorted(nodes.items()))
         print(f"[{label}] episodes by Ray node: {shares}", file=sys.stderr, flush=True)
@@ -248,5 +251,4 @@ def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episode
             [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
         nodes = episodes_by_node(progress)
-    print_nodes(label, nodes)
     return Rollouts(returns, nodes)

@@ -56,6 +56,14 @@ def scores(rows: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def message(text: str, path: Path) -> Path:
+    """A figure that only says why there is nothing to plot (a stage's plot output exists either way)."""
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

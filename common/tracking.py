@@ -149,12 +149,13 @@ def log_dataset_input(card: DatasetCard, path: str | Path | Location, digest: st
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(uri)
     dataset = MetaDataset(source=source, name=card.name, digest=digest)
-    tags = {"env_id": card.env_id, "episodes": str(card.episodes), "transitions": str(card.transitions)}
+    tags = {"env_id": card.env_id or "", "episodes": str(card.episodes), "transitions": str(card.transitions)}
     mlflow.log_input(dataset, context="training", tags=tags)
 
 
-def model_name(env_id: str, algo: str) -> str:
-    return f"{env_id}-{algo}"
+def model_name(task: str, algo: str) -> str:
+    """The registered model of `algo` on a task (DatasetCard.task: the env, or a dataset without one)."""
+    return f"{task}-{algo}"
 
 
 def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[str, str]:
@@ -172,7 +173,7 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, flat_dim(observation_space)))]),
         outputs=Schema([output]),
     )
-    name = model_name(card.env_id, algo)
+    name = model_name(card.task, algo)
     with tempfile.TemporaryDirectory() as scratch:
         # The model carries the code it imports, so it loads without this package installed.
         code_paths = []

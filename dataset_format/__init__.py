@@ -26,11 +26,11 @@ from dataset_format.schema import (
     transitions_table,
 )
 from dataset_format.validation import validate
-from dataset_format.writer import refuse_existing, write
+from dataset_format.writer import refuse_existing, write, write_tables
 
 __all__ = [
     "CARD_FILE", "Col", "DatasetCard", "Location", "SCHEMA_VERSION", "arrow_schema", "column_to_numpy",
     "episode_stats", "flat_dim", "load_arrays", "load_pandas", "load_ray", "load_table", "locate", "read_card",
     "read_table", "refuse_existing", "size_on_disk", "space_from_dict", "space_to_dict", "summarize",
-    "torch_dataloader", "transitions_table", "validate", "write",
+    "torch_dataloader", "transitions_table", "validate", "write", "write_tables",
 ]

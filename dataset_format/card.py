@@ -28,11 +28,14 @@ class DatasetCard:
     """What a dataset is, how it was made, and what it holds; stored as `_card.json`."""
 
     name: str
-    env_id: str
+    env_id: str | None
+    """The gymnasium environment that evaluates policies trained on it; None for data without a simulator
+    (imported with declared spaces): such a dataset trains, and the stages that run the environment skip it."""
     observation_space: dict
     action_space: dict
     behavior_policy: dict
-    seed: int
+    seed: int | None
+    """The collection seed; None for imported data."""
     episodes: int
     transitions: int
     returns: dict
@@ -41,11 +44,20 @@ class DatasetCard:
     files: list[dict]
     code_version: str
     library_versions: dict
+    source: dict | None = None
+    """Where imported data came from (`orl datasets import`): its format, path or Minari id, column mapping and
+    the source's own metadata. None for data collected here."""
     schema_version: int = SCHEMA_VERSION
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return space_from_dict(self.observation_space), space_from_dict(self.action_space)
+
+    @property
+    def task(self) -> str:
+        """What MLflow experiments and registered models are named after: the environment, or the dataset itself
+        when it has none."""
+        return self.env_id or self.name
 
     @property
     def has_action_logp(self) -> bool:

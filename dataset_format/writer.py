@@ -11,9 +11,11 @@ import dataclasses
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import UserError
@@ -78,21 +80,58 @@ def write(transitions, path: str | os.PathLike | Location, card: DatasetCard, fi
     """Writes a Ray Dataset of transitions, in order, to Parquet files of about `file_bytes` of rows in memory
     each; then the card, completed with what the files hold (files, transitions, returns, episode lengths).
     Nothing may be at `path` (see `refuse_existing`)."""
+    def write_files(location: Location) -> None:
+        # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
+        transitions.write_datasink(_ordered_parquet_sink(location, file_bytes), ray_remote_args={"num_cpus": 0})
+
+    return _in_place(path, card, write_files)
+
+
+def write_tables(tables: Iterable[pa.Table], path: str | os.PathLike | Location, card: DatasetCard,
+                 file_bytes: int) -> DatasetCard:
+    """`write` for Arrow tables made in this process (importers): each of whole episodes, in order. Tables are
+    combined until they reach `file_bytes`, so files are cut between episodes."""
+    def write_files(location: Location) -> None:
+        pending, index = [], 0
+        for table in tables:
+            pending.append(table)
+            if sum(t.nbytes for t in pending) >= file_bytes:
+                _write_file(location, index, pending)
+                pending, index = [], index + 1
+        if pending:
+            _write_file(location, index, pending)
+
+    return _in_place(path, card, write_files)
+
+
+def _write_file(location: Location, index: int, tables: list[pa.Table]) -> None:
+    with location.fs.open_output_stream(location.path(f"{FILE_PREFIX}-{index:05d}.parquet")) as file:
+        pq.write_table(pa.concat_tables(tables), file, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+
+
+def _in_place(path: str | os.PathLike | Location, card: DatasetCard,
+            write_files: Callable[[Location], None]) -> DatasetCard:
+    """`_files_then_card` where nobody reads yet: locally a staging directory, renamed into place at the end."""
     location = refuse_existing(path)
     if not location.is_local:
-        return _write_files_then_card(transitions, location, card, file_bytes)
+        return _files_then_card(location, card, write_files)
     final = Path(location.root)
     staging = final.parent / f".{final.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    card = _write_files_then_card(transitions, locate(staging), card, file_bytes)
+    staging.mkdir(parents=True)
+    try:
+        card = _files_then_card(locate(staging), card, write_files)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a bad input found on the way leaves nothing behind
+        raise
     os.rename(staging, final)
     return card
 
 
-def _write_files_then_card(transitions, location: Location, card: DatasetCard, file_bytes: int) -> DatasetCard:
-    # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
-    transitions.write_datasink(_ordered_parquet_sink(location, file_bytes), ray_remote_args={"num_cpus": 0})
+def _files_then_card(location: Location, card: DatasetCard, write_files: Callable[[Location], None]) -> DatasetCard:
+    """Runs `write_files`, completes the card with what the files hold, checks them against it and writes it: the
+    commit marker."""
+    write_files(location)
     names = [name for name in location.files() if FILE_NAME.match(name)]
     # Per file, then joined: files are cut between episodes, and only per-episode numbers are kept.
     stats, files = [], []

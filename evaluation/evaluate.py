@@ -63,6 +63,8 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     if not run.run_info.is_file():
         raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
     info = run.info()
+    if info["env_id"] is None:
+        return _no_simulator(run, info)
     reference = read_reference(references_dir, info["env_id"], config)
     tracking.connect()  # before the episodes, so an unreachable server fails fast
     sampled = config.sample_actions and info["policy_is_distribution"]
@@ -87,3 +89,18 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
           f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
     return metrics
 
+
+
+def _no_simulator(run: RunDir, info: dict) -> dict:
+    """A run on data without a simulator has nothing to run its policy in: its eval.json says so, and so do its
+    plots, so that the stage's outputs exist and the report can list it."""
+    reason = f"not evaluated: dataset {info['dataset']} has no simulator (its card names no env)"
+    result = {"skipped": reason}
+    write_json(run.eval_metrics, result)
+    write_csv(run.eval_returns, [], fieldnames=["episode", "return"])
+    plots.message(reason, run.eval_returns_plot)
+    tracking.connect()
+    with mlflow.start_run(run_id=info["mlflow_run_id"]):
+        mlflow.set_tag("eval.skipped", reason)
+    print(f"[evaluate {run.path.name}] {reason}", file=sys.stderr)
+    return result

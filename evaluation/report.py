@@ -15,14 +15,18 @@ from evaluation.evaluate import normalized_score, reference_path
 BEHAVIOUR = "behaviour policy"
 
 
-def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict, dict]:
-    """Rows (one per evaluated run, plus one per dataset for its behaviour policy), curves and returns."""
-    rows, curves, returns, seen_datasets = [], {}, {}, set()
+def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict, dict, list[str]]:
+    """Rows (one per evaluated run, plus one per dataset for its behaviour policy), curves, returns, and why the
+    runs that could not be evaluated were not."""
+    rows, curves, returns, seen_datasets, not_evaluated = [], {}, {}, set(), []
     for path in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         run = RunDir(path)
         if not (run.run_info.is_file() and run.eval_metrics.is_file()):
             continue
         info, metrics = run.info(), json.loads(run.eval_metrics.read_text())
+        if "skipped" in metrics:
+            not_evaluated.append(f"{path.name}: {metrics['skipped']}")
+            continue
         algo = f"{info['algo']} (sampled)" if metrics.get("sampled_actions") else info["algo"]
         rows.append({"env_id": info["env_id"], "dataset": info["dataset"], "algo": algo,
                      "return_mean": metrics["return_mean"], "return_std": metrics["return_std"],
@@ -33,8 +37,9 @@ def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict
             seen_datasets.add(info["dataset"])
             rows.append(_behaviour_row(info["dataset_path"], references_dir, info["env_id"]))
     if not rows:
-        raise UserError(f"no evaluated runs under {runs_dir}; run `orl train` and `orl evaluate` first")
-    return rows, curves, returns
+        raise UserError(f"no evaluated runs under {runs_dir}; run `orl train` and `orl evaluate` first (runs on data "
+                        "without a simulator are not evaluated)")
+    return rows, curves, returns, not_evaluated
 
 
 def _behaviour_row(dataset_path: str, references_dir: Path, env_id: str) -> dict:
@@ -58,8 +63,10 @@ def markdown_table(rows: list[dict]) -> str:
 
 def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
-    rows, curves, returns = collect_rows(Path(runs_dir), Path(references_dir))
+    rows, curves, returns, not_evaluated = collect_rows(Path(runs_dir), Path(references_dir))
     table = markdown_table(rows)
+    if not_evaluated:
+        table += "\nNot evaluated:\n\n" + "".join(f"- {line}\n" for line in not_evaluated)
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.write_text("# Offline RL results\n\nNormalized score: 0 = random policy, 100 = expert policy "

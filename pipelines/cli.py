@@ -2,7 +2,7 @@
 
 Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
 work (collectors.collect.collect, training.train.train, training.online.train_online, evaluation.evaluate.*,
-evaluation.report.report, dataset_format for `orl datasets`).
+evaluation.report.report, dataset_format for `orl datasets`, interop for `orl datasets import|export`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def cmd_reference(args, params: Params) -> None:
     from evaluation.evaluate import measure_references
 
     start_ray(params.ray.num_cpus)
-    env_ids = [d.env for d in params.all_datasets.values()] + [p.env for p in params.online_policies.values()]
-    measure_references(env_ids, params.evaluate, args.out)
+    measure_references(params.simulated_env_ids, params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
@@ -80,7 +79,7 @@ def cmd_datasets_list(args, params: Params) -> None:
         if not location.is_file(CARD_FILE):
             continue
         card = read_card(location)
-        print(f"{str(location):40} {card.env_id:15} {card.behavior_policy['kind']:8} "
+        print(f"{str(location):40} {card.env_id or '(no env)':15} {card.behavior_policy['kind']:8} "
               f"{card.episodes:6} episodes {card.transitions:9} transitions  return {card.returns['mean']:8.1f}")
 
 
@@ -97,8 +96,22 @@ def cmd_datasets_validate(args, params: Params) -> None:
     from dataset_format import read_card, validate
 
     for path in args.paths:
-        card = validate(path, env_spaces(read_card(path).env_id))  # the card's spaces must be the env's too
+        env_id = read_card(path).env_id
+        card = validate(path, env_spaces(env_id) if env_id else None)  # the card's spaces must be the env's too
         print(f"{path}: valid ({card.episodes} episodes, {card.transitions} transitions, {len(card.files)} files)")
+
+
+def cmd_datasets_import(args, params: Params) -> None:
+    from interop.importing import import_dataset
+
+    import_dataset(args.name, params.imported(args.name), args.out or Path("datasets") / args.name,
+                   file_bytes=int(params.collect.file_mib * 2**20))
+
+
+def cmd_datasets_export(args, params: Params) -> None:
+    from interop.minari_io import export_minari
+
+    export_minari(args.path, args.id)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -152,6 +165,16 @@ def parser() -> argparse.ArgumentParser:
     q = datasets.add_parser("validate", help="run every check collect and train run on datasets")
     q.add_argument("paths", nargs="+", help="dataset directories or s3://BUCKET/PREFIX URIs")
     q.set_defaults(handler=cmd_datasets_validate)
+    q = datasets.add_parser("import", help="import a Minari dataset or a CSV/Parquet log named in params.yaml")
+    q.add_argument("name", help="key under `imports` in params.yaml")
+    q.add_argument("--out", help="dataset directory or s3://BUCKET/PREFIX (default: datasets/NAME)")
+    q.set_defaults(handler=cmd_datasets_import)
+    q = datasets.add_parser("export", help="write a dataset to the local Minari store")
+    q.add_argument("path", help="a dataset directory or s3://BUCKET/PREFIX")
+    q.add_argument("--to", choices=["minari"], required=True, help="the format to write (minari)")
+    q.add_argument("--id", required=True, help="the Minari dataset id, NAMESPACE/NAME-v0 "
+                   "(stored under MINARI_DATASETS_PATH, default ~/.minari/datasets)")
+    q.set_defaults(handler=cmd_datasets_export)
     return top
 
 

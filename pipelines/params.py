@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from common.envs import check_env_id
 from common.errors import UserError
 from common.trained_policy import is_mlflow_uri
 from evaluation.config import EvaluateConfig
+from interop.config import ImportConfig
 from training.config import AlgosConfig, OnlinePolicyConfig, TrainConfig
 
 
@@ -41,6 +43,9 @@ class Params:
     online_policies: dict[str, OnlinePolicyConfig] = field(default_factory=dict)
     """Behaviour policies trained online (PPO) up to a target score, by name; each becomes runs/ppo-NAME, which
     `policy_datasets` may collect with (dvc.yaml's train_online stage)."""
+    imports: dict[str, ImportConfig] = field(default_factory=dict)
+    """Data made elsewhere (Minari datasets, logs in CSV or Parquet), by name; each becomes datasets/NAME
+    (dvc.yaml's import stage)."""
     ray: RayConfig = field(default_factory=RayConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -60,9 +65,13 @@ class Params:
             if spec.policy.kind != "model" or is_mlflow_uri(spec.policy.model):
                 raise ValueError(f"policy_datasets.{name}.policy must be kind 'model' with a checkpoint directory "
                                  "that the pipeline trains (e.g. runs/ALGO-DATASET/checkpoint)")
-        missing = [d for d in self.train.datasets if d not in self.all_datasets]
+        for name in self.imports:
+            if name in self.all_datasets:
+                raise ValueError(f"imports.{name} is also a collected dataset's name; give it another name")
+        missing = [d for d in self.train.datasets if d not in self.all_datasets and d not in self.imports]
         if missing:
-            raise ValueError(f"train.datasets names {missing}, which are not under `datasets` or `policy_datasets`")
+            raise ValueError(f"train.datasets names {missing}, which are not under `datasets`, `policy_datasets` "
+                             "or `imports`")
 
     @property
     def all_datasets(self) -> dict[str, DatasetConfig]:
@@ -72,6 +81,17 @@ class Params:
         if name not in self.online_policies:
             raise UserError(f"no online policy '{name}' in params.yaml: known are {', '.join(self.online_policies)}")
         return self.online_policies[name]
+
+    @property
+    def simulated_env_ids(self) -> list[str]:
+        """Every environment whose policies the pipeline evaluates (`orl reference` measures them)."""
+        return sorted({d.env for d in self.all_datasets.values()} | {p.env for p in self.online_policies.values()}
+                      | {i.env for i in self.imports.values() if i.env})
+
+    def imported(self, name: str) -> ImportConfig:
+        if name not in self.imports:
+            raise UserError(f"no import '{name}' in params.yaml: known are {', '.join(self.imports) or 'none'}")
+        return self.imports[name]
 
     def dataset(self, name: str) -> DatasetConfig:
         if name not in self.all_datasets:
@@ -109,6 +129,11 @@ def _build(cls, data, source: str, where: str):
 
 def _coerce(tp, value, source: str, where: str):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):  # `X | None`: a section that may be left out
+        if value is None:
+            return None
+        (tp,) = [arg for arg in args if arg is not type(None)]
+        return _coerce(tp, value, source, where)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, source, where)
     if origin is dict:

@@ -15,7 +15,7 @@ import yaml
 
 from tests.conftest import REPO
 
-PACKAGES = ("collectors", "common", "dataset_format", "evaluation", "training")
+PACKAGES = ("collectors", "common", "dataset_format", "evaluation", "interop", "training")
 
 
 def module_path(name: str) -> Path | None:
@@ -65,7 +65,8 @@ def stages() -> list[tuple[str, str, list[str]]]:
         body = stage.get("do", stage)
         command = body["cmd"].split()
         assert command[0] == "orl", f"stage {name} should call orl"
-        rows.append((name, command[1], body.get("deps", [])))
+        subcommand = f"{command[1]}-{command[2]}" if command[1] == "datasets" else command[1]
+        rows.append((name, subcommand, body.get("deps", [])))
     return rows
 
 

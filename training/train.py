@@ -39,10 +39,10 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
     """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
     dataset_dir, run, entry = dataset.locate(dataset_path), RunDir(Path(out_dir)), offline_algorithm(algo)
     card = dataset.read_card(dataset_dir)
-    card = dataset.validate(dataset_dir, env_spaces(card.env_id))
+    card = dataset.validate(dataset_dir, env_spaces(card.env_id) if card.env_id else None)
     for output in (run.checkpoint, run.run_info):
         refuse_to_overwrite(output)
-    experiment_id = tracking.use_experiment(card.env_id)  # an unusable tracking store fails before training
+    experiment_id = tracking.use_experiment(card.task)  # an unusable tracking store fails before training
     digest = tracking.dvc_digest(dataset_dir)
     label = f"train {algo} {card.name}"
     fingerprint = hashlib.sha256(json.dumps([algo, dataclasses.asdict(params), digest, seed]).encode()).hexdigest()
@@ -56,7 +56,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
             mlflow.log_params({"algo": algo, "seed": seed, **dataclasses.asdict(params),
                                **{f"dataset.{k}": v for k, v in card.summary().items()}})
             mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
-                             "dataset": card.name, "env_id": card.env_id, "algo": algo})
+                             "dataset": card.name, "env_id": card.env_id or "", "algo": algo})
             tracking.log_dataset_input(card, dataset_dir, digest)
 
         algorithm = rllib_config(algo, params, card.spaces, dataset_dir, seed).build_algo()

@@ -1,0 +1,111 @@
+"""`orl datasets import`: data made elsewhere becomes one of our datasets, written and validated like collected
+data, its card naming the source. Re-importing the same source gives the same bytes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+
+import dataset_format as dataset
+from common.code_version import code_version, library_versions
+from common.envs import env_spaces
+from common.errors import UserError
+from dataset_format import Col
+from interop.config import ImportConfig
+
+# The code an imported dataset's bytes depend on: dvc.yaml's import stage declares the same folders.
+IMPORT_CODE = ("common", "dataset_format", "interop")
+# Episodes are gathered into tables of about this many rows before they are written.
+TABLE_ROWS = 2**16
+
+
+@dataclass
+class Source:
+    """What a reader found, checked, before any byte is written."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    episodes: Iterator[dict[str, np.ndarray]]
+    """Each episode's columns (all but eps_id and t) in order. A Minari dataset's are read as they are written,
+    and a bad one raises UserError then."""
+    episode_count: int
+    with_logp: bool
+    metadata: dict = field(default_factory=dict)
+    """What the card keeps of the source: its own ids and metadata."""
+    behavior: str = ""
+    """The logging policy, as the source describes it."""
+
+
+def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes: int) -> dataset.DatasetCard:
+    """Imports the source `config` names to `out` (a local directory or s3:// prefix)."""
+    out = dataset.refuse_existing(out)
+    source = _read(config)
+    if config.env:
+        _require_env_spaces(config, source)
+    card = dataset.DatasetCard(
+        name=name,
+        env_id=config.env or None,
+        observation_space=dataset.space_to_dict(source.observation_space),
+        action_space=dataset.space_to_dict(source.action_space),
+        behavior_policy={"kind": "logged", "description": config.behavior_policy or source.behavior},
+        seed=None,
+        episodes=source.episode_count,
+        transitions=0,  # this and the next three: filled in from what is written
+        returns={},
+        episode_length={},
+        files=[],
+        columns=list(dataset.arrow_schema(source.observation_space, source.action_space, source.with_logp).names),
+        code_version=code_version(IMPORT_CODE),
+        library_versions=library_versions(),
+        source={"format": config.format, "path": config.source, **source.metadata},
+    )
+    card = dataset.write_tables(_tables(source.episodes, card.schema()), out, card, file_bytes)
+    where = f"env {card.env_id}" if card.env_id else "no simulator"
+    print(f"[import {name}] wrote {card.episodes} episodes, {card.transitions} transitions in {len(card.files)} "
+          f"files to {out} ({where}); return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}",
+          file=sys.stderr)
+    return card
+
+
+def _read(config: ImportConfig) -> Source:
+    if config.format == "minari":
+        from interop.minari_io import read_minari
+
+        return read_minari(config)
+    from interop.logs import read_log
+
+    return read_log(config)
+
+
+def _require_env_spaces(config: ImportConfig, source: Source) -> None:
+    for what, ours, theirs in zip(("observation", "action"), (source.observation_space, source.action_space),
+                                  env_spaces(config.env)):
+        if dataset.space_to_dict(ours) != dataset.space_to_dict(theirs):
+            raise UserError(f"{config.source}: the data's {what} space {ours} is not {config.env}'s {theirs}; "
+                            "name the right env, or leave env empty for data without a simulator")
+
+
+def _tables(episodes, schema: pa.Schema) -> Iterator[pa.Table]:
+    """Episodes numbered 0, 1, ... with their steps, gathered into tables of whole episodes."""
+    pending: list[dict[str, np.ndarray]] = []
+    rows = 0
+    for eps_id, episode in enumerate(episodes):
+        length = len(episode[Col.REWARDS])
+        pending.append({Col.EPS_ID: np.full(length, eps_id, dtype=np.int64),
+                        Col.T: np.arange(length, dtype=np.int32), **episode})
+        rows += length
+        if rows >= TABLE_ROWS:
+            yield _table(pending, schema)
+            pending, rows = [], 0
+    if pending:
+        yield _table(pending, schema)
+
+
+def _table(episodes: list[dict[str, np.ndarray]], schema: pa.Schema) -> pa.Table:
+    return dataset.transitions_table({f.name: np.concatenate([e[f.name] for e in episodes]) for f in schema}, schema)
