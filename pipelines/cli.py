@@ -72,7 +72,7 @@ def cmd_report(args, params: Params) -> None:
     print(report(args.runs, args.references, args.out))
 
 
-def cmd_datasets_list(args, params: Params) -> None:
+def cmd_datasets_list(args, params: None) -> None:
     from dataset_format import CARD_FILE, locate, read_card
 
     for location in locate(args.root).children():
@@ -83,7 +83,7 @@ def cmd_datasets_list(args, params: Params) -> None:
               f"{card.episodes:6} episodes {card.transitions:9} transitions  return {card.returns['mean']:8.1f}")
 
 
-def cmd_datasets_show(args, params: Params) -> None:
+def cmd_datasets_show(args, params: None) -> None:
     from dataset_format import validate
 
     card = validate(args.path)
@@ -91,7 +91,7 @@ def cmd_datasets_show(args, params: Params) -> None:
     print(f"# {args.path}: valid ({len(card.files)} files)", file=sys.stderr)
 
 
-def cmd_datasets_validate(args, params: Params) -> None:
+def cmd_datasets_validate(args, params: None) -> None:
     from common.envs import env_spaces
     from dataset_format import read_card, validate
 
@@ -108,7 +108,7 @@ def cmd_datasets_import(args, params: Params) -> None:
                    file_bytes=int(params.collect.file_mib * 2**20))
 
 
-def cmd_datasets_export(args, params: Params) -> None:
+def cmd_datasets_export(args, params: None) -> None:
     from interop.minari_io import export_minari
 
     export_minari(args.path, args.id)
@@ -158,13 +158,13 @@ def parser() -> argparse.ArgumentParser:
     datasets = p.add_subparsers(dest="action", required=True)
     q = datasets.add_parser("list", help="one line per dataset")
     q.add_argument("root", nargs="?", default="datasets", help="a directory or s3://BUCKET/PREFIX of datasets")
-    q.set_defaults(handler=cmd_datasets_list)
+    q.set_defaults(handler=cmd_datasets_list, reads_params=False)
     q = datasets.add_parser("show", help="validate a dataset and print its card")
     q.add_argument("path", help="a dataset directory or s3://BUCKET/PREFIX")
-    q.set_defaults(handler=cmd_datasets_show)
+    q.set_defaults(handler=cmd_datasets_show, reads_params=False)
     q = datasets.add_parser("validate", help="run every check collect and train run on datasets")
     q.add_argument("paths", nargs="+", help="dataset directories or s3://BUCKET/PREFIX URIs")
-    q.set_defaults(handler=cmd_datasets_validate)
+    q.set_defaults(handler=cmd_datasets_validate, reads_params=False)
     q = datasets.add_parser("import", help="import a Minari dataset or a CSV/Parquet log named in params.yaml")
     q.add_argument("name", help="key under `imports` in params.yaml")
     q.add_argument("--out", help="dataset directory or s3://BUCKET/PREFIX (default: datasets/NAME)")
@@ -174,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--to", choices=["minari"], required=True, help="the format to write (minari)")
     q.add_argument("--id", required=True, help="the Minari dataset id, NAMESPACE/NAME-v0 "
                    "(stored under MINARI_DATASETS_PATH, default ~/.minari/datasets)")
-    q.set_defaults(handler=cmd_datasets_export)
+    q.set_defaults(handler=cmd_datasets_export, reads_params=False)
     return top
 
 
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        args.handler(args, load_params(args.params))
+        # Commands that only read or write a dataset work anywhere, without params.yaml.
+        args.handler(args, load_params(args.params) if getattr(args, "reads_params", True) else None)
     except Exception as err:
         user_error = _user_error(err)
         if user_error is None or args.debug:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -30,7 +32,7 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, root / name)
-    for package in ("collectors", "common", "dataset_format", "evaluation", "pipelines", "training"):
+    for package in ("collectors", "common", "dataset_format", "evaluation", "interop", "pipelines", "training"):
         shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["datasets"] = {
@@ -48,6 +50,14 @@ def repo(tmp_path_factory) -> Path:
     params["policy_datasets"]["cartpole-ppo"] = {
         "env": "CartPole-v1", "episodes": 10, "seed": 6,
         "policy": {"kind": "model", "model": "runs/ppo-cartpole-ppo/checkpoint"}}
+    # And a log from elsewhere, with its own column names and no simulator: DVC tracks the file it imports.
+    write_shop_log(root / "logs" / "shop.csv")
+    params["imports"] = {"shop-log": {
+        "format": "csv", "source": "logs/shop.csv",
+        "observation_space": {"type": "Box", "low": [0.0, 0.0], "high": [100.0, 1.0]},
+        "action_space": {"type": "Discrete", "n": 3},
+        "columns": {"episode": "visitor", "step": "page", "obs": ["price", "stock"], "actions": ["offer"],
+                    "rewards": "revenue", "terminated": "left"}}}
     params["collect"]["episodes_per_task"] = 10
     params["train"]["datasets"] = ["cartpole-expert"]
     params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
@@ -60,9 +70,21 @@ def repo(tmp_path_factory) -> Path:
     return root
 
 
+def write_shop_log(path: Path) -> None:
+    """Six visitors of a made-up shop, 4 to 9 pages each."""
+    rng = np.random.default_rng(0)
+    rows = [{"visitor": f"v{visitor}", "page": page, "price": rng.uniform(0, 100), "stock": rng.uniform(0, 1),
+             "offer": int(rng.integers(3)), "revenue": rng.uniform(0, 5), "left": page == pages - 1}
+            for visitor, pages in enumerate(rng.integers(4, 10, size=6)) for page in range(pages)]
+    path.parent.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
 def test_repro_produces_datasets_runs_and_report(repo):
     assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {
-        "cartpole-random", "cartpole-expert", "cartpole-learned", "cartpole-ppo"}
+        "cartpole-random", "cartpole-expert", "cartpole-learned", "cartpole-ppo", "shop-log"}
+    shop = dataset.validate(repo / "datasets" / "shop-log")
+    assert shop.env_id is None and shop.episodes == 6 and shop.source["path"] == "logs/shop.csv"
     summary = (repo / "reports" / "summary.md").read_text()
     assert "| CartPole-v1 | cartpole-expert | bc |" in summary
     assert "| CartPole-v1 | cartpole-expert | dqn |" in summary
@@ -70,6 +92,7 @@ def test_repro_produces_datasets_runs_and_report(repo):
         assert (repo / "reports" / image).stat().st_size > 1000
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert "collect@cartpole-expert" in lock["stages"] and "report" in lock["stages"]
+    assert "logs/shop.csv" in [dep["path"] for dep in lock["stages"]["import@shop-log"]["deps"]]
     learned = lock["stages"]["collect_from_policy@cartpole-learned"]
     assert "runs/dqn-cartpole-expert/checkpoint" in [dep["path"] for dep in learned["deps"]]
     card = dataset.read_card(repo / "datasets" / "cartpole-learned")
