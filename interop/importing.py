@@ -14,8 +14,6 @@ import pyarrow as pa
 
 import dataset_format as dataset
 from common.code_version import code_version, library_versions
-from common.envs import env_spaces
-from common.errors import UserError
 from dataset_format import Col
 from interop.config import ImportConfig
 
@@ -46,8 +44,6 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
     """Imports the source `config` names to `out` (a local directory or s3:// prefix)."""
     out = dataset.refuse_existing(out)
     source = _read(config)
-    if config.env:
-        _require_env_spaces(config, source)
     card = dataset.DatasetCard(
         name=name,
         env_id=config.env or None,
@@ -83,12 +79,10 @@ def _read(config: ImportConfig) -> Source:
     return read_log(config)
 
 
-def _require_env_spaces(config: ImportConfig, source: Source) -> None:
-    for what, ours, theirs in zip(("observation", "action"), (source.observation_space, source.action_space),
-                                  env_spaces(config.env)):
-        if dataset.space_to_dict(ours) != dataset.space_to_dict(theirs):
-            raise UserError(f"{config.source}: the data's {what} space {ours} is not {config.env}'s {theirs}; "
-                            "name the right env, or leave env empty for data without a simulator")
+def episode_bounds(eps_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row, row after the last) of each run of equal episode ids, in order."""
+    starts = np.flatnonzero(np.r_[True, eps_id[1:] != eps_id[:-1]])
+    return starts, np.r_[starts[1:], len(eps_id)]
 
 
 def _tables(episodes, schema: pa.Schema) -> Iterator[pa.Table]:

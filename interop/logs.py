@@ -19,7 +19,7 @@ from common.envs import env_spaces
 from common.errors import UserError
 from dataset_format import Col, column_to_numpy, flat_dim
 from interop.config import ColumnMapping, ImportConfig
-from interop.importing import Source
+from interop.importing import Source, episode_bounds
 
 
 def read_log(config: ImportConfig) -> Source:
@@ -31,8 +31,7 @@ def read_log(config: ImportConfig) -> Source:
     log = _Log(_files(config), mapping)
     episode = log.column(mapping.episode)
     step = log.number(mapping.step)
-    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
-    ends = np.r_[starts[1:], len(episode)]
+    starts, ends = episode_bounds(episode)
     _check_episode_order(log, mapping, episode, step, starts)
 
     obs = log.vectors(mapping.obs, "obs", flat_dim(observation_space))
@@ -105,20 +104,24 @@ class _Log:
                             f"{', '.join(table.column_names)}")
         return table.select(needed)
 
-    def where(self, row: int) -> str:
-        """`file: ... at row N` for a row of the whole log (rows count from 0 in each file)."""
+    def position(self, row: int) -> tuple[str, int]:
+        """(file, row within it, from 0) of a row of the whole log."""
         index = self.file_of_row[row]
-        return f"{self.files[index]}: row {row - self.first_row[index]}"
+        return self.files[index], int(row - self.first_row[index])
 
     def fail(self, name: str, row: int, problem: str):
-        index = self.file_of_row[row]
-        raise UserError(f"{self.files[index]}: column '{name}' at row {row - self.first_row[index]} {problem}")
+        file, file_row = self.position(row)
+        raise UserError(f"{file}: column '{name}' at row {file_row} {problem}")
 
-    def column(self, name: str) -> np.ndarray:
+    def present(self, name: str) -> pa.ChunkedArray:
+        """The column, once every row has a value."""
         column = self.columns[name]
         if column.null_count:
             self.fail(name, _first_null(column), "is empty; every mapped column needs a value in every row")
-        return column_to_numpy(column)
+        return column
+
+    def column(self, name: str) -> np.ndarray:
+        return column_to_numpy(self.present(name))
 
     def number(self, name: str) -> np.ndarray:
         values = self.column(name)
@@ -142,9 +145,7 @@ class _Log:
         return values
 
     def _vector(self, name: str) -> np.ndarray:
-        column = self.columns[name]
-        if column.null_count:
-            self.fail(name, _first_null(column), "is empty; every mapped column needs a value in every row")
+        column = self.present(name)
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) \
                 or pa.types.is_fixed_size_list(column.type):
             lengths = column_to_numpy(pc.list_value_length(column))
@@ -217,8 +218,9 @@ def _actions(log: _Log, mapping: ColumnMapping, action_space: gym.Space) -> np.n
     outside = ((values < action_space.low.ravel()) | (values > action_space.high.ravel())).any(axis=1)
     if outside.any():
         row = int(outside.argmax())
-        raise UserError(f"{log.where(row)}: the action {values[row].tolist()} is outside {action_space}; fix the "
-                        "declared bounds or the log")
+        file, file_row = log.position(row)
+        raise UserError(f"{file}: row {file_row}: the action {values[row].tolist()} is outside {action_space}; fix "
+                        "the declared bounds or the log")
     return values
 
 

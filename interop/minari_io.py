@@ -17,11 +17,11 @@ import gymnasium as gym
 import numpy as np
 
 import dataset_format as dataset
-from common.envs import EXPERTS
+from common.envs import EXPERTS, env_spaces
 from common.errors import UserError
 from dataset_format import Col
 from interop.config import ImportConfig
-from interop.importing import Source
+from interop.importing import Source, episode_bounds
 
 # What the card keeps of a Minari dataset's metadata.
 METADATA_KEYS = ("dataset_id", "minari_version", "algorithm_name", "author", "code_permalink", "description",
@@ -46,9 +46,11 @@ def read_minari(config: ImportConfig) -> Source:
             or (isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0)):
         _refuse_space(config.source, "action", action_space)
     env_spec_id = data.env_spec.id if data.env_spec is not None else None
-    if config.env and env_spec_id not in (None, config.env):
-        raise UserError(f"{config.source}: the Minari dataset was collected on {env_spec_id}, not {config.env}; "
-                        "name the right env, or leave env empty for data without a simulator")
+    if config.env:
+        if env_spec_id not in (None, config.env):
+            raise UserError(f"{config.source}: the Minari dataset was collected on {env_spec_id}, not {config.env}; "
+                            "name the right env, or leave env empty for data without a simulator")
+        _require_env_spaces(config, observation_space, action_space)
     if not config.env and env_spec_id in EXPERTS:
         print(f"[import] {config.source} was collected on {env_spec_id}: set its `env: {env_spec_id}` in params.yaml "
               "to evaluate the policies trained on it", file=sys.stderr)
@@ -79,6 +81,13 @@ def _open(source: str):
         raise UserError(f"{source} is not a readable Minari dataset ({reason})") from None
 
 
+def _require_env_spaces(config: ImportConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
+    for what, ours, theirs in zip(("observation", "action"), (observation_space, action_space), env_spaces(config.env)):
+        if dataset.space_to_dict(ours) != dataset.space_to_dict(theirs):
+            raise UserError(f"{config.source}: the data's {what} space {ours} is not {config.env}'s {theirs}; "
+                            "name the right env, or leave env empty for data without a simulator")
+
+
 def _refuse_space(source: str, what: str, space: gym.Space) -> None:
     raise UserError(f"{source}: the Minari dataset's {what} space {space} cannot be represented: our datasets hold "
                     "Box observations and Box or Discrete (from 0) actions")
@@ -93,7 +102,9 @@ def _episodes(data, source: str, action_space: gym.Space):
     for episode in data.iterate_episodes():
         steps = len(episode.rewards)
         observations = np.asarray(episode.observations, dtype=np.float32).reshape(steps + 1, -1)
-        done = np.asarray(episode.terminations, dtype=bool) | np.asarray(episode.truncations, dtype=bool)
+        terminations = np.asarray(episode.terminations, dtype=bool)
+        truncations = np.asarray(episode.truncations, dtype=bool)
+        done = terminations | truncations
         if steps == 0 or not done[-1] or done[:-1].any():
             raise UserError(f"{source}: Minari episode {episode.id} does not end exactly at its last step "
                             f"({steps} steps, terminations or truncations at {np.flatnonzero(done).tolist()}); "
@@ -104,8 +115,8 @@ def _episodes(data, source: str, action_space: gym.Space):
             Col.ACTIONS: actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(steps, -1),
             Col.REWARDS: np.asarray(episode.rewards, dtype=np.float32),
             Col.NEW_OBS: observations[1:],
-            Col.TERMINATEDS: np.asarray(episode.terminations, dtype=bool),
-            Col.TRUNCATEDS: np.asarray(episode.truncations, dtype=bool),
+            Col.TERMINATEDS: terminations,
+            Col.TRUNCATEDS: truncations,
         }
 
 
@@ -115,15 +126,13 @@ def export_minari(path: str, dataset_id: str) -> Path:
     minari = _minari()
     from minari.data_collector import EpisodeBuffer
 
-    card = dataset.validate(path)
+    card = dataset.read_card(path)
     target = minari.storage.get_dataset_path(dataset_id)
     if target.exists():
         raise UserError(f"a Minari dataset {dataset_id} already exists at {target}; choose another id or version")
     observation_space, action_space = card.spaces
-    table = dataset.read_table(path)
-    arrays = {name: dataset.column_to_numpy(table[name]) for name in table.column_names}
-    starts = np.flatnonzero(np.r_[True, arrays[Col.EPS_ID][1:] != arrays[Col.EPS_ID][:-1]])
-    ends = np.r_[starts[1:], len(arrays[Col.EPS_ID])]
+    arrays = dataset.load_arrays(path)  # validated as it is read
+    starts, ends = episode_bounds(arrays[Col.EPS_ID])
 
     def buffers():
         for index, (start, end) in enumerate(zip(starts, ends)):
