@@ -24,7 +24,7 @@ from torch import nn
 
 import dataset_format as dataset
 from collectors.rollout import episode_seeds
-from evaluation.evaluate import normalized_score, read_reference
+from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.batch_columns import ACTIONS, NEXT_OBS, OBS, REWARDS, TERMINATEDS, with_n_step
 

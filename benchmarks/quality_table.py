@@ -36,7 +36,8 @@ from collectors.config import PolicyConfig
 from collectors.rollout import episode_seeds, rollout_returns
 from common.errors import UserError
 from common.ray_runtime import start_ray
-from evaluation.evaluate import measure_references, normalized_score, read_reference
+from evaluation.evaluate import measure_references
+from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.registry import (
     ALGORITHMS,

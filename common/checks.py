@@ -8,3 +8,8 @@ def require_positive(config, *names: str) -> None:
         value = getattr(config, name)
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def require_layer_sizes(hidden_layers: list[int]) -> None:
+    if not hidden_layers or min(hidden_layers) <= 0:
+        raise ValueError(f"hidden_layers must be positive sizes, got {hidden_layers}")

@@ -56,6 +56,25 @@ def scores(rows: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def estimates_against_truth(points: list[dict], path: Path) -> Path:
+    """One panel per estimator: each policy's estimate against its true score, coloured by dataset, with y = x."""
+    estimators = list(dict.fromkeys(p["estimator"] for p in points))
+    datasets = sorted({p["dataset"] for p in points})
+    fig, axes = plt.subplots(1, len(estimators), figsize=(4 * len(estimators), 4), squeeze=False)
+    for ax, estimator in zip(axes[0], estimators):
+        mine = [p for p in points if p["estimator"] == estimator]
+        for name in datasets:
+            group = [p for p in mine if p["dataset"] == name]
+            ax.scatter([p["truth"] for p in group], [p["estimate"] for p in group], label=name, s=18)
+        values = [v for p in mine for v in (p["truth"], p["estimate"])]
+        ax.plot([min(values), max(values)], [min(values), max(values)], linestyle="--", color="grey")
+        ax.set_title(estimator)
+        ax.set_xlabel("true normalized score")
+        ax.set_ylabel("estimate")
+    axes[0][-1].legend(fontsize=7)
+    return _save(fig, path)
+
+
 def message(text: str, path: Path) -> Path:
     """A figure that only says why there is nothing to plot (a stage's plot output exists either way)."""
     fig, ax = plt.subplots(figsize=(6, 2))

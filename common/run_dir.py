@@ -1,7 +1,7 @@
 """The files of one training run directory (runs/ALGO-DATASET), named in one place.
 
 `orl train` writes the checkpoint, run.json, train_metrics.json and the learning curve; `orl evaluate` adds
-eval.json and the return distribution; `orl report` reads them all.
+eval.json and the return distribution, `orl ope` ope.json; `orl report` reads them all.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class RunDir:
     @property
     def eval_returns_plot(self) -> Path:
         return self.path / "eval_returns.png"
+
+    @property
+    def ope_metrics(self) -> Path:
+        """ope.json: off-policy estimates of the policy (`orl ope`)."""
+        return self.path / "ope.json"
 
     @property
     def resume_dir(self) -> Path:

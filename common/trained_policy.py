@@ -34,7 +34,7 @@ class ModulePolicy:
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
 
-        batch = {"obs": torch.as_tensor(obs, dtype=torch.float32)}
+        batch = {"obs": torch.tensor(obs, dtype=torch.float32)}  # a copy: dataset arrays are read-only
         with torch.no_grad():
             out = self.module.forward_inference(batch)
             if "action_dist_inputs" in out:
@@ -42,10 +42,18 @@ class ModulePolicy:
             # Value-based modules (DQN) infer greedy actions only; their Q-values serve as logits (Boltzmann).
             return self.module.compute_q_values(batch)["qf_preds"].numpy()
 
+    def probabilities(self, obs: np.ndarray) -> np.ndarray:
+        """Each row's probability of every action of a Discrete space, as `act` chooses: 1 on the most likely
+        action when greedy (off-policy evaluation weighs logged actions by it)."""
+        logp_all = _log_softmax(self.distribution_inputs(obs))
+        if self.greedy:
+            return np.eye(self.space.n, dtype=np.float64)[logp_all.argmax(axis=1)]
+        return np.exp(logp_all)
+
     def act(self, obs, rngs, envs):
         inputs = self.distribution_inputs(obs)
         if isinstance(self.space, gym.spaces.Discrete):
-            logp_all = inputs - np.logaddexp.reduce(inputs, axis=1, keepdims=True)
+            logp_all = _log_softmax(inputs)
             if self.greedy:  # deterministic: the chosen action has probability 1
                 actions = logp_all.argmax(axis=1)
                 return actions, np.zeros(len(actions), dtype=np.float32)
@@ -64,6 +72,10 @@ class ModulePolicy:
             mean = self.space.low + (np.tanh(mean) + 1.0) / 2.0 * (self.space.high - self.space.low)
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
 
 class MLflowPolicy:

@@ -5,7 +5,15 @@ plus `_card.json`.
 Collectors write it, training and users read it; datasets/README.md documents the format for people.
 """
 
-from dataset_format.card import CARD_FILE, SCHEMA_VERSION, DatasetCard, episode_stats, read_card, summarize
+from dataset_format.card import (
+    CARD_FILE,
+    SCHEMA_VERSION,
+    DatasetCard,
+    episode_bounds,
+    episode_stats,
+    read_card,
+    summarize,
+)
 from dataset_format.location import Location, locate
 from dataset_format.readers import (
     load_arrays,
@@ -29,8 +37,31 @@ from dataset_format.validation import validate
 from dataset_format.writer import refuse_existing, write, write_tables
 
 __all__ = [
-    "CARD_FILE", "Col", "DatasetCard", "Location", "SCHEMA_VERSION", "arrow_schema", "column_to_numpy",
-    "episode_stats", "flat_dim", "load_arrays", "load_pandas", "load_ray", "load_table", "locate", "read_card",
-    "read_table", "refuse_existing", "size_on_disk", "space_from_dict", "space_to_dict", "summarize",
-    "torch_dataloader", "transitions_table", "validate", "write", "write_tables",
+    "CARD_FILE",
+    "SCHEMA_VERSION",
+    "Col",
+    "DatasetCard",
+    "Location",
+    "arrow_schema",
+    "column_to_numpy",
+    "episode_bounds",
+    "episode_stats",
+    "flat_dim",
+    "load_arrays",
+    "load_pandas",
+    "load_ray",
+    "load_table",
+    "locate",
+    "read_card",
+    "read_table",
+    "refuse_existing",
+    "size_on_disk",
+    "space_from_dict",
+    "space_to_dict",
+    "summarize",
+    "torch_dataloader",
+    "transitions_table",
+    "validate",
+    "write",
+    "write_tables",
 ]

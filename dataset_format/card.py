@@ -119,6 +119,13 @@ def summarize(values: np.ndarray) -> dict:
             "min": float(values.min()), "max": float(values.max())}
 
 
+def episode_bounds(eps_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row, row after the last) of each episode: a dataset's rows are
+    episode after episode (a run of equal ids), each in step order."""
+    starts = np.flatnonzero(np.r_[True, eps_id[1:] != eps_id[:-1]])
+    return starts, np.r_[starts[1:], len(eps_id)]
+
+
 def episode_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(undiscounted return, length) of each episode, in eps_id order."""
     eps_id = column_to_numpy(table[Col.EPS_ID])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from common.checks import require_positive
+from common.checks import require_layer_sizes, require_positive
 
 
 @dataclass(frozen=True)
@@ -24,3 +24,50 @@ class EvaluateConfig:
 
     def __post_init__(self):
         require_positive(self, "episodes", "num_workers")
+
+
+# Off-policy estimators, by the name `orl ope --estimators`, `orl select --by` and MLflow's `ope/NAME` use.
+FQE, WPDIS, DR = "fqe", "wpdis", "dr"
+ESTIMATORS = (FQE, WPDIS, DR)
+
+
+@dataclass(frozen=True)
+class OPEConfig:
+    """Off-policy evaluation of trained policies from logged episodes alone (`orl ope`)."""
+
+    gamma: float = 1.0
+    """Discount of the estimated return. 1 estimates the undiscounted return that `orl evaluate` measures, so that
+    estimates and evaluation scores share the normalized units."""
+    held_out_fraction: float = 0.0
+    """Share of the dataset's episodes, drawn by eps_id with `seed`, that the estimates are computed on while FQE is
+    fitted on the others; 0 fits and estimates on every episode."""
+    seed: int = 0
+    """Seeds the episode split, FQE's network and minibatches, and the bootstrap."""
+    hidden_layers: list[int] = field(default_factory=lambda: [256, 256])
+    """FQE's Q-network: sizes of the hidden layers (ReLU)."""
+    lr: float = 0.001
+    """FQE's Adam learning rate."""
+    batch_size: int = 256
+    """FQE's minibatch of transitions."""
+    iterations: int | None = None
+    """FQE's iterations: each fits the Q-network for `updates_per_iteration` steps towards targets from a frozen copy
+    of itself, carrying values one step further back. Null: the longest episode's length, so the last step's
+    rewards reach the first."""
+    updates_per_iteration: int = 20
+    """FQE's gradient steps per iteration."""
+    bootstrap_samples: int = 200
+    """Resamples of the episodes (with replacement) behind each confidence interval."""
+    confidence: float = 0.95
+    """Coverage of the bootstrap percentile intervals."""
+
+    def __post_init__(self):
+        require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples")
+        if self.gamma > 1:
+            raise ValueError(f"gamma must be <= 1, got {self.gamma}")
+        if not 0 <= self.held_out_fraction < 1:
+            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+        if self.iterations is not None:
+            require_positive(self, "iterations")
+        require_layer_sizes(self.hidden_layers)

@@ -1,8 +1,4 @@
-"""`orl reference` and `orl evaluate`: seeded episodes in the real environment, in parallel Ray actors.
-
-The normalized score is D4RL's: 100 * (R - R_random) / (R_expert - R_random), where both references are
-measured here on the same evaluation seeds as the policy.
-"""
+"""`orl reference` and `orl evaluate`: seeded episodes in the real environment, in parallel Ray actors."""
 
 from __future__ import annotations
 
@@ -19,12 +15,7 @@ from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
 from dataset_format import summarize
 from evaluation.config import EvaluateConfig
-
-REFERENCE_POLICIES = ("random", "expert")
-
-
-def reference_path(references_dir: Path, env_id: str) -> Path:
-    return Path(references_dir) / f"{env_id}.json"
+from evaluation.references import REFERENCE_POLICIES, normalized_score, read_reference, reference_path
 
 
 def measure_references(env_ids: list[str], config: EvaluateConfig, references_dir: str | Path) -> None:
@@ -38,22 +29,6 @@ def measure_references(env_ids: list[str], config: EvaluateConfig, references_di
         write_json(reference_path(Path(references_dir), env_id), result)
         print(f"[reference {env_id}] random {result['random']['mean']:.1f}, expert {result['expert']['mean']:.1f}",
               file=sys.stderr)
-
-
-def read_reference(references_dir: str | Path, env_id: str, config: EvaluateConfig) -> dict:
-    path = reference_path(Path(references_dir), env_id)
-    if not path.is_file():
-        raise UserError(f"{path} is missing; run `orl reference` (or dvc repro) first")
-    reference = json.loads(path.read_text())
-    if (reference["seed"], reference["episodes"]) != (config.seed, config.episodes):
-        raise UserError(f"{path} was measured on other evaluation seeds than evaluate.seed/episodes; "
-                        "re-run `orl reference`")
-    return reference
-
-
-def normalized_score(mean_return: float, reference: dict) -> float:
-    random, expert = reference["random"]["mean"], reference["expert"]["mean"]
-    return 100.0 * (mean_return - random) / (expert - random)
 
 
 def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateConfig) -> dict:
@@ -88,7 +63,6 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± "
           f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
     return metrics
-
 
 
 def _no_simulator(run: RunDir, info: dict) -> dict:

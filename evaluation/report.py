@@ -10,7 +10,8 @@ from common import plots
 from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
-from evaluation.evaluate import normalized_score, reference_path
+from evaluation import ope_validation
+from evaluation.references import normalized_score, reference_path
 
 BEHAVIOUR = "behaviour policy"
 
@@ -61,19 +62,64 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
+    """A row per run with `orl ope` estimates (and its true score where it was evaluated), and a point per
+    (evaluated run, defined estimate) for the validation."""
+    rows, points = [], []
+    for path in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
+        run = RunDir(path)
+        if not run.ope_metrics.is_file():
+            continue
+        info, ope = run.info(), json.loads(run.ope_metrics.read_text())
+        evaluated = json.loads(run.eval_metrics.read_text()) if run.eval_metrics.is_file() else {}
+        truth = evaluated.get("normalized_score")
+        estimates = {name: e.get("value") for name, e in ope["estimates"].items()}
+        rows.append({"run": path.name, "dataset": ope["dataset"], "units": ope["units"], "truth": truth, **estimates})
+        if truth is not None and ope["units"] == "normalized score":
+            points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth,
+                        "run": path.name, "algo": info["algo"]} for name, value in estimates.items() if value is not None]
+    return rows, points
+
+
+def ope_section(rows: list[dict], summary: dict) -> str:
+    estimators = list(dict.fromkeys(k for r in rows for k in r if k not in ("run", "dataset", "units", "truth")))
+    lines = [f"| run | dataset | true score | {' | '.join(estimators)} |", "|---|---|---|" + "---|" * len(estimators)]
+    for r in rows:
+        cells = [_cell(r.get(name)) for name in estimators]
+        lines.append(f"| {r['run']} | {r['dataset']} | {_cell(r['truth'])} | {' | '.join(cells)} |")
+    text = ("\n## Off-policy estimates\n\nEach policy's return estimated from its dataset alone (`orl ope`; "
+            "normalized scores, or returns for data without an env; - where an estimator does not apply), against "
+            "its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
+    if summary:
+        text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
+    return text
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     rows, curves, returns, not_evaluated = collect_rows(Path(runs_dir), Path(references_dir))
     table = markdown_table(rows)
     if not_evaluated:
         table += "\nNot evaluated:\n\n" + "".join(f"- {line}\n" for line in not_evaluated)
+    estimate_rows, points = off_policy_estimates(Path(runs_dir))
+    validation = ope_validation.validate(points)
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.write_text("# Offline RL results\n\nNormalized score: 0 = random policy, 100 = expert policy "
                        "(measured on the evaluation seeds; the behaviour policy's on its collection episodes).\n\n"
                        + table + "\n![scores](scores.png)\n![returns](returns.png)\n"
-                       "![learning curves](learning_curves.png)\n")
+                       "![learning curves](learning_curves.png)\n"
+                       + (ope_section(estimate_rows, validation) if estimate_rows else ""))
     write_json(out_dir / "scores.json", {f"{r['dataset']}/{r['algo']}": round(r["normalized_score"], 2) for r in rows})
+    write_json(out_dir / "ope.json", validation)
+    if points:
+        plots.estimates_against_truth(points, out_dir / "ope.png")
+    else:
+        plots.message("no off-policy estimates of evaluated runs (orl ope)", out_dir / "ope.png")
     plots.scores(rows, out_dir / "scores.png")
     plots.return_distributions(returns, {}, out_dir / "returns.png")
     plots.learning_curves(curves, CURVE_METRIC, out_dir / "learning_curves.png")

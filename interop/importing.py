@@ -79,12 +79,6 @@ def _read(config: ImportConfig) -> Source:
     return read_log(config)
 
 
-def episode_bounds(eps_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first row, row after the last) of each run of equal episode ids, in order."""
-    starts = np.flatnonzero(np.r_[True, eps_id[1:] != eps_id[:-1]])
-    return starts, np.r_[starts[1:], len(eps_id)]
-
-
 def _tables(episodes, schema: pa.Schema) -> Iterator[pa.Table]:
     """Episodes numbered 0, 1, ... with their steps, gathered into tables of whole episodes."""
     pending: list[dict[str, np.ndarray]] = []

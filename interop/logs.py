@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 
 from common.envs import env_spaces
 from common.errors import UserError
-from dataset_format import Col, column_to_numpy, flat_dim
+from dataset_format import Col, column_to_numpy, episode_bounds, flat_dim
 from interop.config import ColumnMapping, ImportConfig
-from interop.importing import Source, episode_bounds
+from interop.importing import Source
 
 
 def read_log(config: ImportConfig) -> Source:

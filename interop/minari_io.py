@@ -19,9 +19,9 @@ import numpy as np
 import dataset_format as dataset
 from common.envs import EXPERTS, env_spaces
 from common.errors import UserError
-from dataset_format import Col
+from dataset_format import Col, episode_bounds
 from interop.config import ImportConfig
-from interop.importing import Source, episode_bounds
+from interop.importing import Source
 
 # What the card keeps of a Minari dataset's metadata.
 METADATA_KEYS = ("dataset_id", "minari_version", "algorithm_name", "author", "code_permalink", "description",

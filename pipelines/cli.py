@@ -2,7 +2,8 @@
 
 Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
 work (collectors.collect.collect, training.train.train, training.online.train_online, evaluation.evaluate.*,
-evaluation.report.report, dataset_format for `orl datasets`, interop for `orl datasets import|export`).
+evaluation.ope.*, evaluation.report.report, dataset_format for `orl datasets`, interop for
+`orl datasets import|export`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.ray_runtime import ask_for_token_auth, start_ray
+from evaluation.config import ESTIMATORS, FQE
 from pipelines.params import Params, load_params
 from training.config import AlgosConfig
 
@@ -64,6 +66,20 @@ def cmd_evaluate(args, params: Params) -> None:
 
     start_ray(params.ray.num_cpus)
     evaluate(args.run_dir, args.references, params.evaluate)
+
+
+def cmd_ope(args, params: Params) -> None:
+    from common.ray_runtime import quiet_library_notices
+    from evaluation.ope import ope
+
+    quiet_library_notices()  # RLlib's, on loading the policy; no Ray is started
+    ope(args.run_dir, args.dataset, args.references, params.ope, params.evaluate, args.estimators)
+
+
+def cmd_select(args, params: None) -> None:
+    from evaluation.ope import select
+
+    select(args.dataset, args.by)
 
 
 def cmd_report(args, params: Params) -> None:
@@ -147,6 +163,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="run directory written by `orl train`")
     p.add_argument("--references", type=Path, default=Path("references"))
     p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser("ope", help="estimate a trained policy's return from a dataset alone (off-policy evaluation)")
+    p.add_argument("run_dir", type=Path, help="run directory written by `orl train`")
+    p.add_argument("--dataset", required=True, help="dataset directory or s3://BUCKET/PREFIX of the run's env")
+    p.add_argument("--references", type=Path, default=Path("references"))
+    p.add_argument("--estimators", nargs="+", choices=ESTIMATORS,
+                   help="default: every estimator that applies (the others are recorded as undefined, with why)")
+    p.set_defaults(handler=cmd_ope)
+
+    p = sub.add_parser("select", help="point the registry alias DATASET-ope-best at the best run by an estimate")
+    p.add_argument("--dataset", required=True, help="the name of the dataset the runs were trained on")
+    p.add_argument("--by", choices=ESTIMATORS, default=FQE, help="the estimator (MLflow metric ope/NAME)")
+    p.set_defaults(handler=cmd_select, reads_params=False)
 
     p = sub.add_parser("report", help="one table and plots across all evaluated runs")
     p.add_argument("--runs", type=Path, default=Path("runs"))

@@ -15,7 +15,7 @@ from common.checks import require_positive
 from common.envs import check_env_id
 from common.errors import UserError
 from common.trained_policy import is_mlflow_uri
-from evaluation.config import EvaluateConfig
+from evaluation.config import EvaluateConfig, OPEConfig
 from interop.config import ImportConfig
 from training.config import AlgosConfig, OnlinePolicyConfig, TrainConfig
 
@@ -51,6 +51,7 @@ class Params:
     train: TrainConfig = field(default_factory=TrainConfig)
     algos: AlgosConfig = field(default_factory=AlgosConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    ope: OPEConfig = field(default_factory=OPEConfig)
 
     def __post_init__(self):
         for section in ("datasets", "policy_datasets", "online_policies"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.checks import require_positive
+from common.checks import require_layer_sizes, require_positive
 
 ACTIVATIONS = ("relu", "tanh", "silu")
 
@@ -16,11 +16,6 @@ ACTIVATIONS = ("relu", "tanh", "silu")
 def _require_discount(gamma: float) -> None:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-
-
-def _require_layer_sizes(hidden_layers: list[int]) -> None:
-    if not hidden_layers or min(hidden_layers) <= 0:
-        raise ValueError(f"hidden_layers must be positive sizes, got {hidden_layers}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ class LearnerParams:
         for name in ("memory_cache_mib", "num_learners"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        _require_layer_sizes(self.hidden_layers)
+        require_layer_sizes(self.hidden_layers)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
 
@@ -256,4 +251,4 @@ class OnlinePolicyConfig:
                              f"got {self.held_out_episodes}")
         if not self.target_score < 100:
             raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
-        _require_layer_sizes(self.hidden_layers)
+        require_layer_sizes(self.hidden_layers)

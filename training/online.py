@@ -24,7 +24,7 @@ from common.run_dir import RunDir, write_csv, write_json
 from common.trained_policy import ModulePolicy
 from dataset_format import episode_stats
 from evaluation.config import EvaluateConfig
-from evaluation.evaluate import normalized_score, read_reference
+from evaluation.references import normalized_score, read_reference
 from training.config import OnlinePolicyConfig
 
 # The learning curve's column that the stop rule reads (dvc.yaml plots it).

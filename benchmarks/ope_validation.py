@@ -1,0 +1,105 @@
+"""Off-policy evaluation against the truth: how well each estimator ranks and scores policies it never ran.
+
+For every dataset, candidate policies of spread-out quality: every learner that fits the dataset, on each training
+seed, stopped after a share of params.yaml's iterations and after all of them. Each candidate is scored in the
+environment on the pipeline's evaluation seeds (its true normalized score) and estimated from the dataset alone by
+every estimator that applies, with params.yaml's `ope` settings, as `orl ope` does. Then, per estimator: Spearman
+rank correlation per dataset and pooled, regret@1 and mean absolute error (evaluation/ope_validation.py).
+
+    python -m benchmarks.ope_validation --datasets cartpole-random cartpole-expert cartpole-learned
+
+Reads the quick tour's params.yaml, datasets/ and references/ by default (`make pipeline` makes them); writes
+OUT/ope_validation.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+import dataset_format as dataset
+from benchmarks.quality_table import CONTINUOUS_ALGOS, DISCRETE_ALGOS, train_ours
+from collectors.config import PolicyConfig
+from collectors.rollout import rollout_returns
+from common import plots
+from common.ray_runtime import start_ray
+from common.trained_policy import ModulePolicy, load_rl_module
+from evaluation import ope_validation
+from evaluation.config import ESTIMATORS
+from evaluation.estimators import Episodes
+from evaluation.ope import estimate_policy, split_episodes, undefined_estimators
+from evaluation.references import normalized_score, read_reference
+from pipelines.params import load_params
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--datasets", nargs="+", required=True, help="dataset names under --datasets-dir")
+    parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
+    parser.add_argument("--references", type=Path, default=ROOT / "references")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds per learner and budget")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 1.0],
+                        help="shares of each learner's params.yaml iterations to stop at (one candidate each)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+
+    params = load_params(args.params)
+    start_ray(params.ray.num_cpus)
+    points, candidates = [], []
+    for name in args.datasets:
+        location = dataset.locate(args.datasets_dir / name)
+        card = dataset.read_card(location)
+        reference = read_reference(args.references, card.env_id, params.evaluate)
+        fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), params.ope)
+        estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
+        action_space = card.spaces[1]
+        algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS
+        for algo in algos:
+            for seed in args.seeds:
+                for budget in args.budgets:
+                    base = params.algos.get(algo)
+                    algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
+                    label = f"{algo}-{name} seed {seed} x{budget:g}"
+                    started = time.monotonic()
+                    with tempfile.TemporaryDirectory() as tmp:
+                        checkpoint = Path(tmp) / "checkpoint"
+                        train_ours(algo, algo_params, Path(location.uri), seed, checkpoint)
+                        returns = rollout_returns(card.env_id, PolicyConfig(kind="model", model=str(checkpoint)),
+                                                  params.evaluate.seed, params.evaluate.episodes,
+                                                  params.evaluate.num_workers, label=f"evaluate {label}").returns
+                        policy = ModulePolicy(load_rl_module(checkpoint), action_space, greedy=True)
+                        estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
+                                                    label=label)
+                    truth = normalized_score(float(np.mean(returns)), reference)
+                    found = {k: e["value"] for k, e in estimates["estimates"].items() if "value" in e}
+                    candidates.append({"dataset": name, "algo": algo, "seed": seed, "budget": budget,
+                                       "truth": truth, **found})
+                    points += [{"dataset": name, "estimator": k, "estimate": v, "truth": truth}
+                               for k, v in found.items()]
+                    print(f"[ope validation] {label}: true {truth:.1f}, "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in found.items())
+                          + f" ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+
+    summary = ope_validation.validate(points)
+    table = ope_validation.markdown(summary)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ope_validation.md").write_text(table)
+    (args.out / "ope_validation.json").write_text(json.dumps({"summary": summary, "candidates": candidates},
+                                                             indent=2))
+    plots.estimates_against_truth(points, args.out / "ope_validation.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

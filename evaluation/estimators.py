@@ -1,0 +1,228 @@
+"""Off-policy estimators of a policy's expected return from logged episodes alone.
+
+- Fitted Q evaluation (FQE; Le et al. 2019): a Q-network fitted to r + gamma * V(s') under the evaluated policy
+  over the logged transitions, read at each episode's first state.
+- Weighted per-decision importance sampling (WPDIS; Precup et al. 2000): each step's reward weighed by the
+  product of pi(a|s) / mu(a|s) up to that step, the weights normalized across episodes step by step.
+- Weighted doubly robust (WDR; Thomas & Brunskill 2016): FQE's values as the baseline, those weights correcting it.
+
+The return is the one `orl evaluate` measures: undiscounted (gamma 1 by default) over an episode of the env's time
+limit. A state's value then depends on the time left, so FQE's network takes t / horizon as an input, and nothing
+follows a step at the horizon.
+
+The evaluated policy enters as `pi`, one row per state: its action probabilities over a Discrete space, or the
+action it takes in a Box space (where it has no density, so only FQE applies).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dataset_format import Col, episode_bounds
+from evaluation.config import OPEConfig
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Logged transitions as dataset columns (`dataset_format.load_arrays`), episode after episode, each from t 0."""
+
+    arrays: dict[str, np.ndarray]
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, arrays: dict[str, np.ndarray]) -> Episodes:
+        return cls(arrays, *episode_bounds(arrays[Col.EPS_ID]))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.ends - self.starts
+
+    def select(self, episodes: np.ndarray) -> Episodes:
+        """The given episodes (indices into this set), in that order."""
+        rows = np.concatenate([np.arange(self.starts[i], self.ends[i]) for i in episodes])
+        return Episodes.of({name: values[rows] for name, values in self.arrays.items()})
+
+    def padded(self, values: np.ndarray) -> np.ndarray:
+        """Per-transition values as an (episodes, longest episode) matrix, 0 after each episode's end."""
+        lengths = self.lengths
+        matrix = np.zeros((len(self), lengths.max()), dtype=np.float64)
+        episode = np.repeat(np.arange(len(self)), lengths)
+        matrix[episode, np.arange(len(episode)) - np.repeat(self.starts, lengths)] = values
+        return matrix
+
+
+class QFunction:
+    """A fitted Q-network, in the units of the rewards, held within the returns the rewards allow."""
+
+    def __init__(self, net: torch.nn.Module, scale: float, bounds: ValueBounds, discrete: bool):
+        self.net, self.scale, self.bounds, self.discrete = net, scale, bounds, discrete
+
+    def values(self, obs: np.ndarray, t: np.ndarray, pi: np.ndarray) -> np.ndarray:
+        """V(s_t) = E_{a ~ pi} Q(s_t, a)."""
+        with torch.no_grad():
+            value = _value(self.net, _features(obs, t, self.bounds.horizon), _tensor(pi), self.discrete)
+            return self.scale * self.bounds.clamp(value, t).numpy()
+
+    def q(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """Q(s_t, a_t) of the given actions."""
+        with torch.no_grad():
+            features = _features(obs, t, self.bounds.horizon)
+            value = _q_taken(self.net, features, torch.tensor(actions), self.discrete)
+            return self.scale * self.bounds.clamp(value, t).numpy()
+
+
+@dataclass(frozen=True)
+class ValueBounds:
+    """The values a state at step t can have: between the smallest and largest logged reward, summed (discounted)
+    over one step up to every step left before the horizon. Bootstrapped targets are held within them, so that
+    values of actions the data never shows cannot grow without end (FQE diverges otherwise on narrow data)."""
+
+    horizon: int
+    gamma: float
+    reward_min: float
+    reward_max: float
+
+    def clamp(self, values: torch.Tensor, t: np.ndarray) -> torch.Tensor:
+        steps_left = np.maximum(self.horizon - t, 1)
+        most = steps_left if self.gamma == 1 else (1 - self.gamma**steps_left) / (1 - self.gamma)
+        low = np.minimum(self.reward_min, self.reward_min * most)
+        high = np.maximum(self.reward_max, self.reward_max * most)
+        return torch.clamp(values, torch.as_tensor(low, dtype=values.dtype), torch.as_tensor(high, dtype=values.dtype))
+
+
+def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, horizon: int, config: OPEConfig,
+            progress: Callable[[int, int, float], None]) -> QFunction:
+    """Fits Q to r + gamma * V(s') on the episodes' transitions; `pi_next` is the policy at each `new_obs`, and
+    `num_actions` the size of a Discrete action space (None for Box)."""
+    a = episodes.arrays
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    discrete = num_actions is not None
+    t = a[Col.T].astype(np.int64)
+    x, x_next = _features(a[Col.OBS], t, horizon), _features(a[Col.NEW_OBS], t + 1, horizon)
+    actions, pi_next = torch.tensor(a[Col.ACTIONS]), _tensor(pi_next)  # copies: dataset arrays are read-only
+    # Nothing follows a terminal state, nor the last step of an episode the time limit cut.
+    done = a[Col.TERMINATEDS] | (a[Col.TRUNCATEDS] & (t + 1 >= horizon))
+    # Fitted in units of (horizon x mean |reward|), so that Q-values are of order 1 whatever the rewards' size.
+    scale = float(max(horizon * np.abs(a[Col.REWARDS]).mean(), 1e-6))
+    rewards = torch.as_tensor(a[Col.REWARDS] / scale, dtype=torch.float32)
+    bounds = ValueBounds(horizon, config.gamma, float(rewards.min()), float(rewards.max()))
+    discount = torch.as_tensor(config.gamma * ~done, dtype=torch.float32)
+
+    in_features = x.shape[1] + (0 if discrete else actions.shape[1])
+    net = _mlp(in_features, config.hidden_layers, num_actions or 1)
+    target = copy.deepcopy(net)
+    optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
+    iterations = config.iterations or horizon
+    for iteration in range(1, iterations + 1):
+        target.load_state_dict(net.state_dict())
+        for _ in range(config.updates_per_iteration):
+            rows = torch.randint(len(x), (config.batch_size,), generator=generator)
+            with torch.no_grad():
+                next_value = _value(target, x_next[rows], pi_next[rows], discrete)
+                y = rewards[rows] + discount[rows] * bounds.clamp(next_value, t[rows.numpy()] + 1)
+            loss = torch.nn.functional.mse_loss(_q_taken(net, x[rows], actions[rows], discrete), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        progress(iteration, iterations, loss.item() * scale**2)
+    return QFunction(net.eval(), scale, bounds, discrete)
+
+
+def log_ratios(episodes: Episodes, pi: np.ndarray) -> np.ndarray:
+    """log pi(a|s) - log mu(a|s) of each logged action (Discrete actions; -inf where pi never takes it)."""
+    a = episodes.arrays
+    with np.errstate(divide="ignore"):
+        log_pi = np.log(pi[np.arange(len(pi)), a[Col.ACTIONS]])
+    return log_pi - a[Col.ACTION_LOGP].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """What the weighted estimators read, as (episodes, steps) matrices: cumulative log importance weights
+    (carried past each episode's end), rewards, and FQE's Q(s_t, a_t) and V(s_t) (0 past the end)."""
+
+    log_weights: np.ndarray
+    rewards: np.ndarray
+    q: np.ndarray
+    v: np.ndarray
+    discounts: np.ndarray
+
+    @classmethod
+    def of(cls, episodes: Episodes, log_ratios: np.ndarray, q: np.ndarray, v: np.ndarray, gamma: float) -> Weighted:
+        log_weights = np.cumsum(episodes.padded(log_ratios), axis=1)
+        return cls(log_weights, episodes.padded(episodes.arrays[Col.REWARDS]), episodes.padded(q),
+                   episodes.padded(v), gamma ** np.arange(log_weights.shape[1]))
+
+    def resampled(self, episodes: np.ndarray) -> Weighted:
+        return Weighted(self.log_weights[episodes], self.rewards[episodes], self.q[episodes], self.v[episodes],
+                        self.discounts)
+
+    def normalized_weights(self) -> np.ndarray:
+        """Each step's weights over episodes, summing to 1 (all 0 at a step no episode's actions reach)."""
+        top = self.log_weights.max(axis=0, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            weights = np.where(np.isfinite(top), np.exp(self.log_weights - top), 0.0)
+        totals = weights.sum(axis=0, keepdims=True)
+        return np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
+
+    def wpdis(self) -> float:
+        return float(self.discounts @ (self.normalized_weights() * self.rewards).sum(axis=0))
+
+    def wdr(self) -> float:
+        weights = self.normalized_weights()
+        before = np.hstack([np.full((len(weights), 1), 1.0 / len(weights)), weights[:, :-1]])
+        per_step = (weights * (self.rewards - self.q) + before * self.v).sum(axis=0)
+        return float(self.discounts @ per_step)
+
+    def effective_episodes(self) -> float:
+        """Kish's effective sample size of the final weights: how many episodes the estimate rests on."""
+        final = self.normalized_weights()[:, -1]
+        return float(1.0 / np.square(final).sum()) if final.any() else 0.0
+
+
+def bootstrap(statistic: Callable[[np.ndarray], float], episodes: int, config: OPEConfig) -> tuple[float, float]:
+    """Percentile interval of `statistic(episode indices)` over resamples of the episodes with replacement."""
+    rng = np.random.default_rng(config.seed)
+    values = [statistic(rng.integers(episodes, size=episodes)) for _ in range(config.bootstrap_samples)]
+    tail = 100 * (1 - config.confidence) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _features(obs: np.ndarray, t: np.ndarray, horizon: int) -> torch.Tensor:
+    """The state and the share of the horizon already spent."""
+    return torch.as_tensor(np.hstack([obs, (t / horizon)[:, None]]), dtype=torch.float32)
+
+
+def _tensor(pi: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(pi, dtype=torch.float32)
+
+
+def _value(net: torch.nn.Module, features: torch.Tensor, pi: torch.Tensor, discrete: bool) -> torch.Tensor:
+    if discrete:
+        return (net(features) * pi).sum(dim=1)
+    return net(torch.cat([features, pi], dim=1)).squeeze(1)
+
+
+def _q_taken(net: torch.nn.Module, features: torch.Tensor, actions: torch.Tensor, discrete: bool) -> torch.Tensor:
+    if discrete:
+        return net(features).gather(1, actions.long()[:, None]).squeeze(1)
+    return net(torch.cat([features, actions.float()], dim=1)).squeeze(1)
+
+
+def _mlp(inputs: int, hidden_layers: list[int], outputs: int) -> torch.nn.Sequential:
+    layers, width = [], inputs
+    for size in hidden_layers:
+        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+        width = size
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, outputs))

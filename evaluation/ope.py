@@ -1,0 +1,221 @@
+"""`orl ope` and `orl select`: a trained policy's return estimated from logged episodes alone (no simulator), and
+the best run for a dataset chosen by such an estimate.
+
+The evaluated policy is the one `orl evaluate` runs (greedy, or sampling where `evaluate.sample_actions` makes BC
+and MARWIL sample), and the estimates are in its units: the normalized score where the dataset's env has
+references, else the return. The estimators are in evaluation/estimators.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import mlflow
+import numpy as np
+
+import dataset_format as dataset
+from common import tracking
+from common.errors import UserError
+from common.run_dir import RunDir, write_json
+from common.trained_policy import ModulePolicy, load_rl_module
+from dataset_format import Col
+from evaluation.config import DR, ESTIMATORS, FQE, WPDIS, EvaluateConfig, OPEConfig
+from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.references import normalized_score, read_reference
+
+# Rows of observations the policy sees at once: bounds memory on large datasets.
+POLICY_CHUNK = 65_536
+
+
+def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, config: OPEConfig,
+        evaluate_config: EvaluateConfig, estimators: list[str] | None = None) -> dict:
+    """Estimates the run's policy on the dataset with `estimators` (default: every one that applies, the others
+    recorded as undefined, with why); writes RUN/ope.json and logs `ope/NAME` metrics to the run's MLflow run."""
+    run = RunDir(Path(run_dir))
+    if not run.run_info.is_file():
+        raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
+    info = run.info()
+    location = dataset.locate(dataset_path)
+    card = dataset.read_card(location)
+    _require_same_task(run, info, card, location)
+    undefined = undefined_estimators(card)
+    for name in estimators or []:
+        if name in undefined:
+            raise UserError(f"{name} cannot evaluate {run.path} on {location}: {undefined[name]}")
+    wanted = [name for name in (estimators or ESTIMATORS) if name not in undefined]
+    reference = read_reference(references_dir, card.env_id, evaluate_config) if card.env_id else None
+
+    sampled = evaluate_config.sample_actions and info["policy_is_distribution"]
+    policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
+    fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), config)
+    tracking.connect()  # an unreachable tracking server fails before the fitting
+    output = {"dataset_path": location.uri, "policy": "sampled" if sampled else "greedy",
+              **estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")}
+    results = output["estimates"]
+    results.update({name: {"undefined": reason} for name, reason in undefined.items()
+                    if estimators is None or name in estimators})
+    write_json(run.ope_metrics, output)
+    with mlflow.start_run(run_id=info["mlflow_run_id"]):
+        mlflow.log_metrics({f"ope/{name}{suffix}": r[key] for name, r in results.items() if "value" in r
+                            for suffix, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))})
+        mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
+                         **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
+        mlflow.log_artifact(str(run.ope_metrics), "ope")
+    for name, r in results.items():
+        line = (f"{r['value']:.1f} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] {output['units']}" if "value" in r
+                else r["undefined"])
+        print(f"[ope {run.path.name}] {name}: {line}", file=sys.stderr)
+    return output
+
+
+def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episodes, held_out: Episodes,
+                    reference: dict | None, config: OPEConfig, estimators: list[str], label: str) -> dict:
+    """The policy's value by each of `estimators` (which must apply), fitting FQE on `fit` and estimating on
+    `held_out`, in normalized units where there is a `reference`."""
+    horizon = _horizon(card.env_id, fit, held_out)
+    print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, FQE fitted on {len(fit)}; horizon "
+          f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
+    action_space = card.spaces[1]
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    q = fit_fqe(fit, _pi(policy, fit.arrays[Col.NEW_OBS], discrete, config.seed),
+                action_space.n if discrete else None, horizon, config, _progress(label))
+    a = held_out.arrays
+    pi = _pi(policy, a[Col.OBS], discrete, config.seed)
+    v = q.values(a[Col.OBS], a[Col.T], pi)
+    results: dict[str, dict] = {}
+    if FQE in estimators:
+        initial = v[held_out.starts]
+        results[FQE] = _estimate(float(initial.mean()), lambda sample: float(initial[sample].mean()),
+                                 len(held_out), config, reference)
+    if WPDIS in estimators or DR in estimators:
+        weighted = Weighted.of(held_out, log_ratios(held_out, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
+                               config.gamma)
+        for name, statistic in ((WPDIS, Weighted.wpdis), (DR, Weighted.wdr)):
+            if name in estimators:
+                results[name] = _estimate(statistic(weighted), lambda s, f=statistic: f(weighted.resampled(s)),
+                                          len(held_out), config, reference)
+                results[name]["effective_episodes"] = weighted.effective_episodes()
+    same = fit is held_out
+    return {
+        "dataset": card.name, "units": "normalized score" if reference else "return", "horizon": horizon,
+        "gamma": config.gamma,
+        "episodes": {"total": len(fit) + (0 if same else len(held_out)), "fit": len(fit),
+                     "estimated_on": len(held_out), "held_out_fraction": config.held_out_fraction,
+                     "split_seed": config.seed},
+        "estimates": results,
+    }
+
+
+def select(dataset_name: str, estimator: str) -> dict:
+    """Chooses, among the finished MLflow runs trained on the dataset, the one with the highest `ope/ESTIMATOR`,
+    and points the registry alias DATASET-ope-best at its model version (taking it from any other model)."""
+    tracking.connect()
+    metric = f"ope/{estimator}"
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
+    candidates = [r for r in runs if metric in r.data.metrics]
+    if not candidates:
+        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} "
+                        f"(tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first")
+    client = mlflow.MlflowClient()
+    versions = {r.info.run_id: client.search_model_versions(f"run_id = '{r.info.run_id}'") for r in candidates}
+    candidates = [r for r in candidates if versions[r.info.run_id]]
+    if not candidates:
+        raise UserError(f"no run with {metric} on dataset '{dataset_name}' has a registered model version")
+    best = max(candidates, key=lambda r: r.data.metrics[metric])
+    chosen = versions[best.info.run_id][0]
+    alias = f"{dataset_name}-ope-best"
+    for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
+        if alias in client.get_registered_model(name).aliases:
+            client.delete_registered_model_alias(name, alias)
+    client.set_registered_model_alias(chosen.name, alias, chosen.version)
+    for r in sorted(candidates, key=lambda r: -r.data.metrics[metric]):
+        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {r.data.metrics[metric]:.1f}"
+              + ("  <- chosen" if r is best else ""), file=sys.stderr)
+    print(f"[select {dataset_name}] alias {alias} -> models:/{chosen.name}/{chosen.version} "
+          f"(run {best.info.run_name})", file=sys.stderr)
+    return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id,
+            metric: best.data.metrics[metric]}
+
+
+def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, location: dataset.Location) -> None:
+    """The dataset must come from the run's env (or, without one, have the spaces of the run's own dataset)."""
+    if card.env_id != info["env_id"]:
+        def what(env_id):
+            return f"{env_id} episodes" if env_id else "data without an env"
+        raise UserError(f"{location} holds {what(card.env_id)} but {run.path} was trained on {what(info['env_id'])}; "
+                        "pass a dataset of the same env")
+    if card.env_id is None and card.name != info["dataset"]:
+        trained_on = dataset.read_card(info["dataset_path"])
+        if (trained_on.observation_space, trained_on.action_space) != (card.observation_space, card.action_space):
+            raise UserError(f"{location} has other observation or action spaces than {info['dataset_path']}, "
+                            f"which {run.path} was trained on")
+
+
+def undefined_estimators(card: dataset.DatasetCard) -> dict[str, str]:
+    """The estimators that cannot evaluate a policy on this dataset, with why."""
+    if not isinstance(card.spaces[1], gym.spaces.Discrete):
+        reason = ("a policy on continuous actions acts deterministically here (or samples and clips to the bounds), "
+                  "so its actions have no density for importance weights; use fqe")
+    elif not card.has_action_logp:
+        reason = (f"{card.name} has no {Col.ACTION_LOGP} column (its behaviour policy's action probabilities are "
+                  "unknown); use fqe")
+    else:
+        return {}
+    return {WPDIS: reason, DR: reason}
+
+
+def split_episodes(episodes: Episodes, config: OPEConfig) -> tuple[Episodes, Episodes]:
+    """(episodes FQE is fitted on, episodes the estimates are computed on): with held_out_fraction, a seeded draw
+    of episode ids and the rest; else every episode, both times."""
+    if not config.held_out_fraction:
+        return episodes, episodes
+    count = max(1, round(config.held_out_fraction * len(episodes)))
+    if count >= len(episodes):
+        raise UserError(f"ope.held_out_fraction {config.held_out_fraction} leaves no episode of {len(episodes)} "
+                        "to fit FQE on; lower it")
+    held_out = np.zeros(len(episodes), dtype=bool)
+    held_out[np.random.default_rng(config.seed).choice(len(episodes), size=count, replace=False)] = True
+    return episodes.select(np.flatnonzero(~held_out)), episodes.select(np.flatnonzero(held_out))
+
+
+def _horizon(env_id: str | None, *episodes: Episodes) -> int:
+    """The env's time limit (the longest logged episode without an env, or when longer)."""
+    limit = gym.spec(env_id).max_episode_steps if env_id else None
+    return int(max([limit or 0, *(e.lengths.max() for e in episodes)]))
+
+
+def _pi(policy: ModulePolicy, obs: np.ndarray, discrete: bool, seed: int) -> np.ndarray:
+    """The policy at each state: action probabilities (Discrete) or its action (Box)."""
+    chunks = []
+    for start in range(0, len(obs), POLICY_CHUNK):
+        batch = obs[start:start + POLICY_CHUNK]
+        if discrete:
+            chunks.append(policy.probabilities(batch))
+        else:
+            rngs = None if policy.greedy else np.random.default_rng([seed, start]).spawn(len(batch))
+            chunks.append(policy.act(batch, rngs, envs=None)[0])
+    return np.concatenate(chunks)
+
+
+def _estimate(value: float, statistic, episodes: int, config: OPEConfig, reference: dict | None) -> dict:
+    """An estimate and its bootstrap interval, in normalized units where there are references (with the raw
+    return beside it)."""
+    low, high = bootstrap(statistic, episodes, config)
+    if reference is None:
+        return {"value": value, "ci_low": low, "ci_high": high}
+    return {"value": normalized_score(value, reference), "ci_low": normalized_score(low, reference),
+            "ci_high": normalized_score(high, reference), "return": value}
+
+
+def _progress(label: str):
+    """FQE's progress, about ten lines per fit."""
+    def report(iteration: int, iterations: int, loss: float) -> None:
+        if iteration % max(1, iterations // 10) == 0 or iteration == iterations:
+            print(f"[{label}] fqe iteration {iteration}/{iterations}, TD loss {loss:.4g}", file=sys.stderr,
+                  flush=True)
+    return report
+
+
