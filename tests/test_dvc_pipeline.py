@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import dataset_format as dataset
-from tests.conftest import REPO
+from tests.conftest import REPO, assert_user_error, orl
 
 
 def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -63,6 +63,7 @@ def repo(tmp_path_factory) -> Path:
     params["train"]["algos"] = ["bc", "marwil", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
     params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
+    params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
@@ -103,6 +104,63 @@ def test_repro_produces_datasets_runs_and_report(repo):
     assert json.loads((repo / "runs" / "ppo-cartpole-ppo" / "train_metrics.json").read_text())["normalized_score"] >= 5
 
 
+def test_ope_estimates_every_run_and_the_report_sets_them_against_the_true_scores(repo):
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    for algo in ("bc", "marwil", "dqn"):
+        assert f"ope@{algo}-cartpole-expert" in lock["stages"]
+        ope = json.loads((repo / "runs" / f"{algo}-cartpole-expert" / "ope.json").read_text())
+        assert ope["dataset"] == "cartpole-expert" and ope["units"] == "normalized score"
+        assert ope["episodes"]["estimated_on"] == ope["episodes"]["total"] > 0  # no held-out split by default
+        for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
+            estimate = ope["estimates"][name]
+            assert estimate["ci_low"] <= estimate["value"] <= estimate["ci_high"], (algo, name, estimate)
+    summary = (repo / "reports" / "summary.md").read_text()
+    assert "## Off-policy estimates" in summary and "| **fqe** | **pooled** (regret: median) | 3 |" in summary
+    assert set(json.loads((repo / "reports" / "ope.json").read_text())) == {"fqe", "wpdis", "dr"}
+    assert (repo / "reports" / "ope.png").stat().st_size > 1000
+
+
+def test_select_points_the_alias_at_the_run_with_the_best_estimate(repo):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("CartPole-v1").experiment_id],
+                              "tags.dataset = 'cartpole-expert'")
+    best = max((r for r in runs if "ope/dr" in r.data.metrics), key=lambda r: r.data.metrics["ope/dr"])
+    result = run(["orl", "select", "--dataset", "cartpole-expert", "--by", "dr"], repo)
+    model = f"CartPole-v1-{best.data.params['algo']}"
+    assert f"cartpole-expert-ope-best -> models:/{model}/1" in result.stderr
+    assert client.get_model_version_by_alias(model, "cartpole-expert-ope-best").run_id == best.info.run_id
+
+
+def test_ope_refuses_data_it_cannot_use_in_one_line(repo, tmp_path):
+    from common.errors import UserError
+    from evaluation.config import EvaluateConfig, OPEConfig
+    from evaluation.ope import ope
+    from interop.config import ColumnMapping, ImportConfig
+    from interop.importing import import_dataset
+
+    bc = repo / "runs" / "bc-cartpole-expert"
+    result = orl("ope", str(bc), "--dataset", "datasets/shop-log", cwd=repo)
+    assert_user_error(result, f"datasets/shop-log holds data without an env but {bc} was trained on CartPole-v1 "
+                      "episodes; pass a dataset of the same env")
+    # CartPole episodes logged without their behaviour policy's probabilities.
+    log = pd.DataFrame({"episode": [0, 0, 1], "step": [0, 1, 0], "x": [0.0, 0.01, 0.02], "v": 0.0, "a": 0.01,
+                        "w": 0.0, "push": [1, 0, 1], "reward": 1.0, "fell": [False, True, True]})
+    log.to_csv(tmp_path / "log.csv", index=False)
+    no_logp = import_dataset("no-logp", ImportConfig(
+        format="csv", source=str(tmp_path / "log.csv"), env="CartPole-v1",
+        columns=ColumnMapping(episode="episode", step="step", obs=["x", "v", "a", "w"], actions=["push"],
+                              rewards="reward", terminated="fell")), tmp_path / "no-logp", file_bytes=2**20)
+    assert not no_logp.has_action_logp
+    with pytest.raises(UserError, match=r"^wpdis cannot evaluate .*bc-cartpole-expert on .*no-logp: no-logp has "
+                                        r"no action_logp column .*; use fqe$"):
+        ope(bc, str(tmp_path / "no-logp"), repo / "references", OPEConfig(), EvaluateConfig(episodes=10), ["wpdis"])
+    with pytest.raises(UserError, match="held_out_fraction 0.9 leaves no episode of 2 to fit FQE on"):
+        ope(bc, str(tmp_path / "no-logp"), repo / "references", OPEConfig(held_out_fraction=0.9),
+            EvaluateConfig(episodes=10), ["fqe"])
+
+
 def test_bc_and_marwil_clone_the_expert(repo):
     for algo in ("bc", "marwil"):
         metrics = json.loads((repo / "runs" / f"{algo}-cartpole-expert" / "eval.json").read_text())
@@ -118,6 +176,8 @@ def test_runs_are_in_the_default_sqlite_store(repo):
     assert sorted(r.data.params["algo"] for r in runs) == ["bc", "dqn", "marwil", "ppo"]
     offline = [r for r in runs if r.data.params["algo"] != "ppo"]
     assert all("eval/normalized_score" in r.data.metrics for r in offline)
+    assert all({"ope/fqe", "ope/fqe_ci_low", "ope/fqe_ci_high", "ope/dr"} <= set(r.data.metrics) for r in offline)
+    assert all(r.data.tags["ope.dataset"] == "cartpole-expert" for r in offline)
     [online] = [r for r in runs if r.data.params["algo"] == "ppo"]
     assert online.data.tags["purpose"] == "behaviour policy" and "normalized_score" in online.data.metrics
     assert (repo / "mlartifacts").is_dir()

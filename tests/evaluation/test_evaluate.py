@@ -12,7 +12,8 @@ from collectors.rollout import EpisodeRunner
 from common.errors import UserError
 from dataset_format import episode_stats
 from evaluation.config import EvaluateConfig
-from evaluation.evaluate import measure_references, normalized_score, read_reference, reference_path
+from evaluation.evaluate import measure_references
+from evaluation.references import normalized_score, read_reference, reference_path
 
 REFERENCE = {"env_id": "CartPole-v1", "seed": 1_000_000, "episodes": 20,
              "random": {"mean": 22.0}, "expert": {"mean": 500.0}}

@@ -1,0 +1,131 @@
+"""The off-policy estimators on logged episodes whose true values are known exactly.
+
+The synthetic task: episodes of HORIZON steps cut by the time limit, random 2-d observations, two actions;
+action 0 earns 1, action 1 earns 0, whatever the state. Logged by a uniformly random behaviour policy, so a
+policy taking action 0 with probability p is worth p * HORIZON.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dataset_format import Col
+from evaluation.config import OPEConfig
+from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.ope_validation import regret_at_1, spearman, validate
+
+HORIZON = 8
+CONFIG = OPEConfig(hidden_layers=[32, 32], iterations=HORIZON + 4, updates_per_iteration=100, batch_size=128,
+                   bootstrap_samples=100)
+
+
+def logged_episodes(episodes: int, behaviour_p0: float = 0.5, seed: int = 0) -> Episodes:
+    rng = np.random.default_rng(seed)
+    n = episodes * HORIZON
+    obs = rng.normal(size=(n + episodes, 2)).astype(np.float32)
+    first = np.arange(n) + np.repeat(np.arange(episodes), HORIZON)  # each episode has HORIZON + 1 observations
+    actions = (rng.random(n) >= behaviour_p0).astype(np.int64)
+    t = np.tile(np.arange(HORIZON, dtype=np.int32), episodes)
+    return Episodes.of({
+        Col.EPS_ID: np.repeat(np.arange(episodes, dtype=np.int64), HORIZON), Col.T: t,
+        Col.OBS: obs[first], Col.NEW_OBS: obs[first + 1], Col.ACTIONS: actions,
+        Col.REWARDS: (actions == 0).astype(np.float32),
+        Col.TERMINATEDS: np.zeros(n, dtype=bool), Col.TRUNCATEDS: t == HORIZON - 1,
+        Col.ACTION_LOGP: np.log(np.where(actions == 0, behaviour_p0, 1 - behaviour_p0)).astype(np.float32),
+    })
+
+
+def policy(p0: float, rows: int) -> np.ndarray:
+    return np.tile([p0, 1 - p0], (rows, 1))
+
+
+def estimates(episodes: Episodes, p0: float, config: OPEConfig = CONFIG) -> dict[str, float]:
+    a = episodes.arrays
+    q = fit_fqe(episodes, policy(p0, len(a[Col.T])), 2, HORIZON, config, lambda *_: None)
+    pi = policy(p0, len(a[Col.T]))
+    v = q.values(a[Col.OBS], a[Col.T], pi)
+    weighted = Weighted.of(episodes, log_ratios(episodes, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
+                           config.gamma)
+    return {"fqe": float(v[episodes.starts].mean()), "wpdis": weighted.wpdis(), "wdr": weighted.wdr()}
+
+
+@pytest.mark.parametrize("p0", [1.0, 0.5, 0.0])
+def test_each_estimator_recovers_the_value_of_deterministic_and_stochastic_policies(p0):
+    found = estimates(logged_episodes(300), p0)
+    for name, value in found.items():
+        assert value == pytest.approx(p0 * HORIZON, abs=0.4), (name, found)
+
+
+def test_importance_weights_follow_the_logged_and_target_probabilities():
+    episodes = logged_episodes(4, behaviour_p0=0.8)
+    ratios = log_ratios(episodes, policy(1.0, len(episodes.arrays[Col.T])))
+    took_0 = episodes.arrays[Col.ACTIONS] == 0
+    assert np.allclose(ratios[took_0], -math.log(0.8))  # pi = 1, mu = 0.8
+    assert np.all(np.isneginf(ratios[~took_0]))  # the target never takes action 1
+
+
+def test_weighted_estimators_fall_back_when_no_episode_follows_the_target():
+    """Logged actions the target never takes: importance sampling has nothing to weigh (0); doubly robust keeps
+    the model's value."""
+    episodes = logged_episodes(20, behaviour_p0=0.0)  # always action 1
+    a = episodes.arrays
+    n = len(a[Col.T])
+    model_v = np.full(n, 3.0)
+    weighted = Weighted.of(episodes, log_ratios(episodes, policy(1.0, n)), np.zeros(n), model_v, 1.0)
+    assert weighted.wpdis() == 0.0 and weighted.effective_episodes() == 0.0
+    assert weighted.wdr() == pytest.approx(3.0)  # the first state's modelled value
+
+
+def test_fqe_stays_within_the_returns_the_rewards_allow_for_actions_the_data_never_shows():
+    """All logged actions are 0; the target takes 1, whose value the data cannot tell. Bootstrapped targets are
+    held within [min reward, max reward x steps left], so the estimate cannot run away."""
+    episodes = logged_episodes(50, behaviour_p0=1.0)
+    a = episodes.arrays
+    q = fit_fqe(episodes, policy(0.0, len(a[Col.T])), 2, HORIZON, CONFIG, lambda *_: None)
+    v = q.values(a[Col.OBS], a[Col.T], policy(0.0, len(a[Col.T])))
+    assert np.all(v >= 0.0) and np.all(v <= HORIZON - a[Col.T] + 1e-4)
+
+
+def test_fqe_is_seeded_and_reports_its_progress():
+    episodes = logged_episodes(30)
+    lines = []
+    config = OPEConfig(hidden_layers=[8], iterations=5, updates_per_iteration=3, batch_size=16)
+    first = estimates(episodes, 0.5, config)
+    fit_fqe(episodes, policy(0.5, len(episodes.arrays[Col.T])), 2, HORIZON, config, lambda *args: lines.append(args))
+    assert first == estimates(episodes, 0.5, config)
+    assert [line[:2] for line in lines] == [(i, 5) for i in range(1, 6)] and all(line[2] >= 0 for line in lines)
+
+
+def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_episodes():
+    def interval(values):
+        return bootstrap(lambda sample: float(values[sample].mean()), len(values), CONFIG)
+
+    rng = np.random.default_rng(0)
+    few, many = rng.normal(5, 1, size=20), rng.normal(5, 1, size=2000)
+    (low_few, high_few), (low_many, high_many) = interval(few), interval(many)
+    assert low_few <= few.mean() <= high_few and low_many <= many.mean() <= high_many
+    assert high_many - low_many < (high_few - low_few) / 4
+
+
+def test_select_keeps_whole_episodes_in_the_order_given():
+    episodes = logged_episodes(5)
+    chosen = episodes.select(np.array([3, 1]))
+    assert len(chosen) == 2 and list(chosen.lengths) == [HORIZON, HORIZON]
+    assert list(np.unique(chosen.arrays[Col.EPS_ID])) == [1, 3] and chosen.arrays[Col.EPS_ID][0] == 3
+
+
+def test_validation_metrics():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([1, 1, 1], [10, 20, 30]))
+    assert regret_at_1([0.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == pytest.approx(0.5)  # picked 50, best 100
+    assert regret_at_1([9.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == 0.0
+    points = [{"dataset": d, "estimator": "fqe", "estimate": e, "truth": t}
+              for d, e, t in [("a", 1, 10), ("a", 2, 20), ("b", 5, 40), ("b", 4, 30)]]
+    summary = validate(points)["fqe"]
+    assert summary["policies"] == 4 and summary["datasets"]["a"]["spearman"] == pytest.approx(1.0)
+    assert summary["datasets"]["b"]["regret_at_1"] == 0.0 and summary["median_regret_at_1"] == 0.0
+    assert summary["mae"] == pytest.approx((9 + 18 + 35 + 26) / 4)
