@@ -129,3 +129,18 @@ def test_validation_metrics():
     assert summary["policies"] == 4 and summary["datasets"]["a"]["spearman"] == pytest.approx(1.0)
     assert summary["datasets"]["b"]["regret_at_1"] == 0.0 and summary["median_regret_at_1"] == 0.0
     assert summary["mae"] == pytest.approx((9 + 18 + 35 + 26) / 4)
+
+
+def test_fqe_on_continuous_actions_values_the_action_the_policy_takes():
+    """Box actions in [-1, 1] earning -(a - 0.5)^2: a policy always acting `c` is worth -HORIZON (c - 0.5)^2."""
+    episodes = logged_episodes(300)
+    a = dict(episodes.arrays)
+    rng = np.random.default_rng(1)
+    a[Col.ACTIONS] = rng.uniform(-1, 1, size=(len(a[Col.T]), 1)).astype(np.float32)
+    a[Col.REWARDS] = -np.square(a[Col.ACTIONS][:, 0] - 0.5).astype(np.float32)
+    episodes = Episodes.of(a)
+    for c in (0.5, -0.5):
+        acting = np.full((len(a[Col.T]), 1), c, dtype=np.float32)
+        q = fit_fqe(episodes, acting, None, HORIZON, CONFIG, lambda *_: None)
+        value = q.values(a[Col.OBS], a[Col.T], acting)[episodes.starts].mean()
+        assert value == pytest.approx(-HORIZON * (c - 0.5) ** 2, rel=0.12, abs=0.3), c
