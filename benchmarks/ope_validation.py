@@ -75,10 +75,10 @@ def main() -> None:
                     with tempfile.TemporaryDirectory() as tmp:
                         checkpoint = Path(tmp) / "checkpoint"
                         train_ours(algo, algo_params, Path(location.uri), seed, checkpoint)
-                        returns = rollout_returns(card.env_id, PolicyConfig(kind="model", model=str(checkpoint)),
-                                                  params.evaluate.seed, params.evaluate.episodes,
+                        acting = PolicyConfig(kind="model", model=str(checkpoint), greedy=True)  # as evaluated
+                        returns = rollout_returns(card.env_id, acting, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {label}").returns
-                        policy = ModulePolicy(load_rl_module(checkpoint), action_space, greedy=True)
+                        policy = ModulePolicy(load_rl_module(checkpoint), action_space, greedy=acting.greedy)
                         estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
                                                     label=label)
                     truth = normalized_score(float(np.mean(returns)), reference)
