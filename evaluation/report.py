@@ -70,14 +70,14 @@ def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
         run = RunDir(path)
         if not run.ope_metrics.is_file():
             continue
-        info, ope = run.info(), json.loads(run.ope_metrics.read_text())
+        ope = json.loads(run.ope_metrics.read_text())
         evaluated = json.loads(run.eval_metrics.read_text()) if run.eval_metrics.is_file() else {}
         truth = evaluated.get("normalized_score")
         estimates = {name: e.get("value") for name, e in ope["estimates"].items()}
         rows.append({"run": path.name, "dataset": ope["dataset"], "units": ope["units"], "truth": truth, **estimates})
         if truth is not None and ope["units"] == "normalized score":
-            points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth,
-                        "run": path.name, "algo": info["algo"]} for name, value in estimates.items() if value is not None]
+            points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth}
+                       for name, value in estimates.items() if value is not None]
     return rows, points
 
 
