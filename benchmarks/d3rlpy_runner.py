@@ -58,23 +58,30 @@ def build(args, discrete: bool):
         return d3rlpy.algos.CQLConfig(actor_learning_rate=args.actor_lr, critic_learning_rate=args.lr,
                                       actor_encoder_factory=encoder, critic_encoder_factory=encoder,
                                       conservative_weight=args.cql_alpha, tau=args.tau, **common)
-    raise SystemExit(f"unknown algo {args.algo}")
+    if not discrete and args.algo == "iql":
+        return d3rlpy.algos.IQLConfig(actor_learning_rate=args.actor_lr, critic_learning_rate=args.lr,
+                                      actor_encoder_factory=encoder, critic_encoder_factory=encoder,
+                                      value_encoder_factory=encoder, expectile=args.expectile,
+                                      weight_temp=args.beta, tau=args.tau, **common)
+    raise SystemExit(f"unknown algo {args.algo} for {'discrete' if discrete else 'continuous'} actions")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", type=Path, required=True)
-    parser.add_argument("--algo", choices=["bc", "cql"], required=True)
+    parser.add_argument("--algo", choices=["bc", "cql", "iql"], required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True, help="gradient updates")
     parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, required=True, help="learning rate (the critic's, for continuous CQL)")
+    parser.add_argument("--lr", type=float, required=True, help="learning rate (the critics', for continuous CQL and IQL)")
     parser.add_argument("--actor-lr", type=float, default=1e-4)
     parser.add_argument("--hidden", type=int, nargs="+", required=True)
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--tau", type=float, default=0.005)
     parser.add_argument("--target-update-every", type=int, default=100)
     parser.add_argument("--cql-alpha", type=float, default=1.0)
+    parser.add_argument("--expectile", type=float, default=0.7)
+    parser.add_argument("--beta", type=float, default=3.0, help="IQL's inverse temperature (d3rlpy's weight_temp)")
     parser.add_argument("--eval-seeds", type=json.loads, required=True, help="JSON list of env reset seeds")
     args = parser.parse_args()
 

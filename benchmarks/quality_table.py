@@ -2,7 +2,7 @@
 
 For every dataset: the behaviour policy's normalized score, then each of our algorithms (hyper-parameters
 from params.yaml's `algos`, as the pipeline uses them) and d3rlpy's counterparts (DiscreteBC/DiscreteCQL, or
-BC/CQL for continuous actions) with the same network, batch size, learning rate and number of gradient
+BC/CQL/IQL for continuous actions) with the same network, batch size, learning rate and number of gradient
 updates. Every learner runs once per training seed and is evaluated greedily on the pipeline's evaluation
 seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over training seeds.
 
@@ -43,19 +43,20 @@ from training.algorithms.registry import (
     ALGORITHMS,
     rllib_config,
 )
-from training.config import CQLParams, DQNParams, LearnerParams
+from training.config import CQLParams, DQNParams, IQLParams, LearnerParams
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params, datasets and references
 
 POLICY_ALGOS = [name for name, entry in ALGORITHMS.items() if entry.policy_is_distribution]
 
-DISCRETE_ALGOS = ["bc", "marwil", "dqn", "cql_dqn"]
-CONTINUOUS_ALGOS = ["bc", "marwil", "cql"]
-# Our algorithm whose hyper-parameters d3rlpy's counterpart takes.
+DISCRETE_ALGOS = ["bc", "marwil", "dqn", "cql_dqn", "iql"]
+CONTINUOUS_ALGOS = ["bc", "marwil", "cql", "iql"]
+# Our algorithm whose hyper-parameters d3rlpy's counterpart takes (d3rlpy has no discrete-action IQL).
 D3RLPY_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql_dqn"}
-D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql"}
-COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS), *D3RLPY_COUNTERPART]
+D3RLPY_CONTINUOUS_COUNTERPART = {"d3rlpy-bc": "bc", "d3rlpy-cql": "cql", "d3rlpy-iql": "iql"}
+COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
+           *dict.fromkeys([*D3RLPY_COUNTERPART, *D3RLPY_CONTINUOUS_COUNTERPART])]
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
@@ -83,6 +84,9 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
     if isinstance(params, CQLParams):
         command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
                     "--cql-alpha", str(params.min_q_weight)]
+    if isinstance(params, IQLParams):
+        command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
+                    "--expectile", str(params.expectile), "--beta", str(params.beta)]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return np.array(json.loads(out.strip().splitlines()[-1])["returns"])
 

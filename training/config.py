@@ -163,6 +163,37 @@ class CQLParams(LearnerParams):
 
 
 @dataclass(frozen=True)
+class IQLParams(LearnerParams):
+    """Implicit Q-learning (Kostrikov et al., 2021) for discrete and continuous actions: Q-learning on the
+    dataset's actions only, to a value function fitted as an upper expectile of Q, and a policy that clones the
+    data's actions weighted by exp(beta * advantage). `lr` is the Q- and value networks' learning rate."""
+
+    actor_lr: float = 3e-4
+    """Learning rate of the policy."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 0.005
+    """Polyak rate at which target critics follow the critics, per gradient update."""
+    expectile: float = 0.7
+    """The expectile of Q(s, a) over the data's actions that V(s) fits, in (0.5, 1): higher is closer to the best
+    action seen in the data (1 would be its max, Q-learning's overestimation included); 0.5 is the mean, SARSA."""
+    beta: float = 3.0
+    """Inverse temperature of the policy's advantage weights exp(beta * (Q - V)), capped at 100: 0 is behaviour
+    cloning; higher favours the data's best actions more."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_positive(self, "actor_lr", "tau")
+        _require_discount(self.gamma)
+        if not 0.5 <= self.expectile < 1.0:
+            raise ValueError(f"expectile must be in [0.5, 1), got {self.expectile}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.tau > 1:
+            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+
+
+@dataclass(frozen=True)
 class AlgosConfig:
     """Hyper-parameters per algorithm; the keys are the names `orl train --algo` takes."""
 
@@ -171,6 +202,7 @@ class AlgosConfig:
     dqn: DQNParams = field(default_factory=DQNParams)
     cql_dqn: ConservativeDQNParams = field(default_factory=ConservativeDQNParams)
     cql: CQLParams = field(default_factory=CQLParams)
+    iql: IQLParams = field(default_factory=IQLParams)
 
     def get(self, algo: str) -> LearnerParams:
         if algo not in self.names():

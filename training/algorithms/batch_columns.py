@@ -130,9 +130,18 @@ def with_n_step(rows: pa.Table, n: int, gamma: float) -> dict[str, np.ndarray]:
     return flat(columns)
 
 
+ONE_STEP_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)
+
+
+def one_step(rows: pa.Table) -> dict[str, np.ndarray]:
+    """Transitions for one-step TD targets (IQL's, on discrete actions)."""
+    return flat(transitions(rows, ONE_STEP_COLUMNS))
+
+
 def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
-    """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL, see offline_cql.py)."""
-    columns = transitions(rows, (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS))
+    """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL and IQL, whose tanh
+    policies act there, see offline_cql.py)."""
+    columns = transitions(rows, ONE_STEP_COLUMNS)
     actions = columns[ACTIONS].astype(np.float32)
     columns[ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, -1.0, 1.0)
     return flat(columns)

@@ -31,6 +31,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.offline_dqn import WithoutEnvRunners
 from training.algorithms.rllib_internals import encoder_config, mark_offline, private_hook
+from training.algorithms.target_networks import TargetsPerUpdate
 
 
 class ConcatQEncoder(TorchMLPEncoder):
@@ -55,8 +56,8 @@ class ConcatQCatalog(SACCatalog):
         return self.qf_encoder_config.build(framework)
 
 
-class OfflineCQLTorchLearner(LeanTorchLearner, CQLTorchLearner):
-    pass
+class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner):
+    """Target critics follow by Polyak averaging at every gradient update (target_networks.py)."""
 
 
 class OfflineCQLConfig(CQLConfig):

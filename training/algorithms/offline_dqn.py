@@ -26,15 +26,12 @@ from ray.rllib.algorithms.dqn.dqn_learner import (
 from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
-from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
-from ray.rllib.core.learner.utils import update_target_network
 from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.utils.metrics import (
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
-    NUM_TARGET_UPDATES,
     OFFLINE_SAMPLING_TIMER,
     TIMERS,
 )
@@ -42,9 +39,9 @@ from ray.rllib.utils.metrics import (
 from training.algorithms.batch_columns import N_STEP
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import mark_offline, private_hook, skip_stateful_module_check
+from training.algorithms.target_networks import TargetsPerUpdate
 
 CQL_PENALTY = "cql_penalty"
-GRADIENT_UPDATES = "gradient_updates"
 
 
 class OfflineDQNConfig(DQNConfig):
@@ -141,39 +138,11 @@ class OfflineDQN(WithoutEnvRunners, DQN):
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
 
 
-class OfflineDQNTorchLearner(LeanTorchLearner, DQNTorchLearner):
+class OfflineDQNTorchLearner(TargetsPerUpdate, LeanTorchLearner, DQNTorchLearner):
     """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H)).
 
-    Target networks sync every `target_network_update_freq` gradient updates, counted across checkpoints.
+    Target networks sync every `target_network_update_freq` gradient updates (target_networks.py).
     """
-
-    def build(self) -> None:
-        super().build()
-        self._gradient_updates = 0
-
-    def get_state(self, *args, **kwargs):
-        return {**super().get_state(*args, **kwargs), GRADIENT_UPDATES: self._gradient_updates}
-
-    def set_state(self, state) -> None:
-        super().set_state(state)
-        self._gradient_updates = state.get(GRADIENT_UPDATES, self._gradient_updates)
-
-    def apply_gradients(self, gradients_dict) -> None:
-        super().apply_gradients(gradients_dict)
-        self._gradient_updates += 1
-        for module_id, module in self.module.items():
-            config = self.config.get_config_for_module(module_id)
-            if self._gradient_updates % config.target_network_update_freq == 0:
-                for main_net, target_net in module.unwrapped().get_target_network_pairs():
-                    update_target_network(main_net=main_net, target_net=target_net, tau=config.tau)
-                self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
-
-    def after_gradient_based_update(self, *, timesteps) -> None:
-        # DQNLearner syncs targets here, once per `update()` call: offline that is once per iteration of many
-        # gradient updates, so the sync moved to `apply_gradients`. Skipping DQNLearner's also skips
-        # LeanTorchLearner's, whose step counters are logged here instead.
-        TorchLearner.after_gradient_based_update(self, timesteps=timesteps)
-        self._log_rows_trained()
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         """RLlib's DQN loss for what offline training uses of it: the TD loss of one Q-value per row, to a

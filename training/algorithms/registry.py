@@ -15,13 +15,14 @@ import gymnasium as gym
 
 import dataset_format as dataset
 from common.errors import UserError
-from training.algorithms.batch_columns import cloning_batch, with_n_step, with_returns, with_unit_actions
+from training.algorithms.batch_columns import cloning_batch, one_step, with_n_step, with_returns, with_unit_actions
 from training.algorithms.train_batches import BatchPlan, StreamSettings, TransitionsData
 from training.config import (
     BCParams,
     ConservativeDQNParams,
     CQLParams,
     DQNParams,
+    IQLParams,
     LearnerParams,
     MARWILParams,
 )
@@ -77,6 +78,22 @@ def _cql_config(params: CQLParams):
     )
 
 
+def _iql_config(params: IQLParams):
+    from training.algorithms.offline_iql import OfflineIQLConfig
+
+    return OfflineIQLConfig().training(
+        lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, value_lr=params.lr, gamma=params.gamma,
+        tau=params.tau, expectile=params.expectile, advantage_beta=params.beta,
+    )
+
+
+def _one_step_batches(params: LearnerParams, action_space) -> BatchPlan:
+    """Transitions, with Box actions rescaled to the [-1, 1] of SAC's tanh policy (offline_cql.py)."""
+    if isinstance(action_space, gym.spaces.Box):
+        return BatchPlan(with_unit_actions, {"low": action_space.low, "high": action_space.high})
+    return BatchPlan(one_step)
+
+
 def _n_step_batches(params: DQNParams, action_space) -> BatchPlan:
     return BatchPlan(with_n_step, {"n": params.n_step, "gamma": params.gamma})
 
@@ -94,10 +111,10 @@ ALGORITHMS: dict[str, OfflineAlgorithm] = {
         (gym.spaces.Discrete, gym.spaces.Box), curve_loss="policy_loss", policy_is_distribution=True),
     "dqn": OfflineAlgorithm(DQNParams, **_DQN),
     "cql_dqn": OfflineAlgorithm(ConservativeDQNParams, **_DQN),
-    "cql": OfflineAlgorithm(
-        CQLParams, _cql_config,
-        lambda params, action_space: BatchPlan(with_unit_actions, {"low": action_space.low, "high": action_space.high}),
-        (gym.spaces.Box,), curve_loss="qf_loss", policy_is_distribution=False),
+    "cql": OfflineAlgorithm(CQLParams, _cql_config, _one_step_batches, (gym.spaces.Box,), curve_loss="qf_loss",
+                            policy_is_distribution=False),
+    "iql": OfflineAlgorithm(IQLParams, _iql_config, _one_step_batches, (gym.spaces.Discrete, gym.spaces.Box),
+                            curve_loss="qf_loss", policy_is_distribution=True),
 }
 
 

@@ -55,6 +55,10 @@ HOOKS = {hook.key: hook for hook in (
          "overridden to centre dueling advantages with a plain mean (RLlib's is nan-aware, for action masks)."),
     Hook("ray.rllib.algorithms.sac.sac_catalog:SACCatalog", "_build_qf_encoder_continuous",
          "overridden to build the CQL paper's Q-network: one MLP over observation and action concatenated."),
+    Hook("ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module:DefaultSACTorchRLModule",
+         "_qf_forward_train_helper",
+         "a Q-network's (or target's) outputs for a batch, which IQL's training pass reads at the data's actions "
+         "instead of running SAC's whole training pass."),
     Hook("ray.rllib.core.models.catalog:Catalog", "_encoder_config",
          "the policy's encoder config, which the Q-network copies (layers, activation, initializers)."),
     Hook("ray.rllib.offline.offline_data:OfflineData", "data",
@@ -108,6 +112,12 @@ def skip_stateful_module_check(algorithm) -> None:
 def weights_seq_no(learner) -> int:
     """Learner._weights_seq_no"""
     return learner._weights_seq_no
+
+
+def q_network_outputs(module, batch: dict, encoder, head):
+    """DefaultSACTorchRLModule._qf_forward_train_helper, unsqueezed: (B, 1) for Box actions (Q of the batch's
+    actions), (B, n) for Discrete (Q of every action)."""
+    return module._qf_forward_train_helper(batch, encoder, head, squeeze=False)
 
 
 def encoder_config(catalog):

@@ -1,0 +1,52 @@
+"""Target networks that follow the online ones per gradient update, for our learners derived from RLlib's DQN
+learner (DQN, CQL through SAC, and IQL).
+
+RLlib 2.60's DQNLearner moves targets once per `Learner.update` call, and only when the env steps sampled since the
+last move reach `target_network_update_freq`. Offline, one call is a whole iteration of many gradient updates:
+DQN's targets synced once per iteration, and SAC-style Polyak averaging (tau = 0.005, CQL's and IQL's) moved them
+0.5 % per iteration where the papers move them 0.5 % per update, so the critics' targets stayed near their random
+initialisation for the whole run.
+"""
+
+from __future__ import annotations
+
+from ray.rllib.algorithms.dqn.dqn_learner import DQNLearner
+from ray.rllib.core.learner.utils import update_target_network
+from ray.rllib.utils.metrics import NUM_TARGET_UPDATES
+
+GRADIENT_UPDATES = "gradient_updates"
+
+
+class TargetsPerUpdate:
+    """Mixin, listed before LeanTorchLearner in the bases: every `target_network_update_freq` gradient updates
+    (every update when 0), each target network moves `tau` of the way to its online network (1 copies it).
+    Updates are counted across checkpoints."""
+
+    def build(self) -> None:
+        super().build()
+        self._gradient_updates = 0
+
+    def get_state(self, *args, **kwargs):
+        return {**super().get_state(*args, **kwargs), GRADIENT_UPDATES: self._gradient_updates}
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        self._gradient_updates = state.get(GRADIENT_UPDATES, self._gradient_updates)
+
+    def apply_gradients(self, gradients_dict) -> None:
+        super().apply_gradients(gradients_dict)
+        self._gradient_updates += 1
+        for module_id, module in self.module.items():
+            config = self.config.get_config_for_module(module_id)
+            if self._gradient_updates % max(config.target_network_update_freq, 1) == 0:
+                for main_net, target_net in module.unwrapped().get_target_network_pairs():
+                    update_target_network(main_net=main_net, target_net=target_net, tau=config.tau)
+                self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
+
+    def after_gradient_based_update(self, *, timesteps) -> None:
+        # Continues the chain after DQNLearner's once-per-call move (above): with TorchLearner then Learner for DQN
+        # and CQL; with Learner for IQL, whose TorchLearner comes before DQNLearner and only steps torch LR
+        # schedulers, which our learners do not register. LeanTorchLearner's override is skipped too; its step
+        # counters are logged here.
+        super(DQNLearner, self).after_gradient_based_update(timesteps=timesteps)
+        self._log_rows_trained()
