@@ -2,11 +2,11 @@
 
 The plain loop is the ceiling: the same network (encoder `hidden_layers`, RLlib's default heads), batch size,
 optimizer, gradient clipping and loss (MARWIL's value targets bootstrapped at the time limit, as its learner
-does), with the whole dataset already in memory as tensors and batches drawn by random index. RLlib's number
-is the steady state (iterations after the first); start-up is the time from building the algorithm to the
-end of its first iteration (Ray already running). A third number feeds RLlib's learner batches made ahead:
-its ratio is the ceiling the data pipeline cannot raise. The three loops take turns, one iteration's updates
-each. Hyper-parameters come from params.yaml's `algos`.
+does; IQL's three losses, with Polyak-averaged twin target critics), with the whole dataset already in memory as
+tensors and batches drawn by random index. RLlib's number is the steady state (iterations after the first);
+start-up is the time from building the algorithm to the end of its first iteration (Ray already running). A third
+number feeds RLlib's learner batches made ahead: its ratio is the ceiling the data pipeline cannot raise. The three
+loops take turns, one iteration's updates each. Hyper-parameters come from params.yaml's `algos`.
 
     python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
 """
@@ -37,7 +37,7 @@ from dataset_format import Col, column_to_numpy
 from pipelines.params import load_params
 from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS, with_returns
 from training.algorithms.registry import rllib_config
-from training.config import DQNParams, LearnerParams, MARWILParams
+from training.config import DQNParams, IQLParams, LearnerParams, MARWILParams
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params and datasets
@@ -71,7 +71,12 @@ class PlainLoop:
         self.heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
         self.critic_body = encoder(self.obs.shape[1], params)  # MARWIL's value function has its own layers
         self.model = nn.ModuleDict({"body": self.body, "heads": self.heads, "critic_body": self.critic_body})
-        self.target = copy.deepcopy(self.model)
+        if isinstance(params, IQLParams):  # IQL's policy, value function and twin critics, each its own MLP
+            self.model = nn.ModuleDict({name: nn.Sequential(encoder(self.obs.shape[1], params), nn.Linear(width, out))
+                                        for name, out in (("pi", n_actions), ("vf", 1), ("qf", n_actions),
+                                                          ("qf_twin", n_actions))})
+        self.target = copy.deepcopy(self.model if not isinstance(params, IQLParams) else
+                                    nn.ModuleDict({q: self.model[q] for q in ("qf", "qf_twin")}))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=params.lr, fused=True)  # as our learners
         # MARWIL's value targets as its learner reads them: returns-to-go, bootstrapped where the time limit cut.
         marwil_columns = with_returns(table, getattr(params, "gamma", 0.99))
@@ -85,8 +90,22 @@ class PlainLoop:
         a = net["heads"]["pi"](h)
         return net["heads"]["vf"](h) + a - a.mean(dim=1, keepdim=True)
 
+    def iql_loss(self, i: torch.Tensor) -> torch.Tensor:
+        params, net, actions = self.params, self.model, self.actions[i, None]
+        with torch.no_grad():
+            q_target = torch.min(*(self.target[q](self.obs[i]).gather(1, actions) for q in ("qf", "qf_twin"))).squeeze(1)
+            td_target = self.rewards[i] + params.gamma * (1 - self.done[i]) * net["vf"](self.next_obs[i]).squeeze(1)
+        advantages = q_target - net["vf"](self.obs[i]).squeeze(1)
+        value_loss = (torch.where(advantages > 0, params.expectile, 1 - params.expectile) * advantages.square()).mean()
+        weights = torch.exp(params.beta * advantages.detach()).clamp(max=100.0)
+        logp = torch.log_softmax(net["pi"](self.obs[i]), dim=1).gather(1, actions).squeeze(1)
+        q_loss = sum(F.mse_loss(net[q](self.obs[i]).gather(1, actions).squeeze(1), td_target) for q in ("qf", "qf_twin"))
+        return value_loss - (weights * logp).mean() + q_loss
+
     def loss(self, i: torch.Tensor) -> torch.Tensor:
         params = self.params
+        if isinstance(params, IQLParams):
+            return self.iql_loss(i)
         if isinstance(params, DQNParams):
             with torch.no_grad():
                 best = self.q_values(self.model, self.next_obs[i]).argmax(1, keepdim=True)
@@ -117,6 +136,11 @@ class PlainLoop:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.optimizer.step()
             self.step += 1
+            if isinstance(self.params, IQLParams):  # Polyak-averaged target critics, every update
+                with torch.no_grad():
+                    for q in self.target:
+                        for target, online in zip(self.target[q].parameters(), self.model[q].parameters()):
+                            target.lerp_(online, self.params.tau)
         return time.perf_counter() - started
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
-from ray.rllib.algorithms.dqn.dqn_learner import QF_LOSS_KEY, QF_MEAN_KEY, QF_PREDS
+from ray.rllib.algorithms.dqn.dqn_learner import QF_LOSS_KEY, QF_PREDS
 from ray.rllib.algorithms.iql import IQLConfig
 from ray.rllib.algorithms.iql.iql_learner import QF_TARGET_PREDS, VF_LOSS, VF_PREDS_NEXT
 from ray.rllib.algorithms.iql.torch.default_iql_torch_rl_module import DefaultIQLTorchRLModule
@@ -114,7 +114,6 @@ class OfflineIQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, IQLTorchLearner
             q_loss = q_loss + F.mse_loss(fwd_out[QF_TWIN_PREDS], td_target)
 
         self.metrics.log_dict({POLICY_LOSS_KEY: policy_loss, QF_LOSS_KEY: q_loss, VF_LOSS: value_loss,
-                               QF_MEAN_KEY: fwd_out[QF_PREDS].detach().mean(),
                                ADVANTAGE_WEIGHT_MEAN: weights.mean()}, key=module_id, window=1)
         return value_loss + policy_loss + q_loss
 

@@ -72,6 +72,8 @@ HOOKS = {hook.key: hook for hook in (
          "MARWIL's running mean of squared advantages, started at the first batch's value instead of 100."),
     Hook("torch", "_foreach_norm", "the norms of all gradient tensors in one op, for clipping by global norm."),
     Hook("torch", "_foreach_mul_", "scales all gradient tensors in one op, for clipping by global norm."),
+    Hook("torch", "_foreach_lerp_", "moves all target-network tensors towards the online ones in one op (Polyak "
+         "averaging at every gradient update)."),
 )}
 
 
@@ -168,3 +170,10 @@ def foreach_mul_(tensors, scalar) -> None:
     import torch
 
     torch._foreach_mul_(tensors, scalar)
+
+
+def foreach_lerp_(tensors, ends, weight: float) -> None:
+    """torch._foreach_lerp_"""
+    import torch
+
+    torch._foreach_lerp_(tensors, ends, weight)
