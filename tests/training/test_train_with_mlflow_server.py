@@ -158,19 +158,20 @@ def test_a_trained_policy_generates_the_next_dataset(trained_run, ray_local, tmp
 
 @pytest.fixture(scope="module")
 def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
-    """`orl train` of the Q-learning algorithms against the same server: DQN and conservative DQN on CartPole,
-    CQL on a small Pendulum dataset."""
+    """`orl train` of the Q-learning algorithms against the same server: DQN, conservative DQN and IQL (discrete)
+    on CartPole, CQL on a small Pendulum dataset."""
     work, uri = trained_run[0].parent.parent, trained_run[1]
     pendulum = tmp_path_factory.mktemp("pendulum") / "pendulum-medium"
     collect("pendulum-medium", DatasetConfig(env="Pendulum-v1", episodes=4, seed=3,
                                              policy=PolicyConfig(kind="mixture", epsilon=0.3)),
             CollectConfig(episodes_per_task=2), pendulum)
     params = yaml.safe_load((work / "params.yaml").read_text())
-    for algo in ("dqn", "cql_dqn", "cql"):
+    for algo in ("dqn", "cql_dqn", "cql", "iql"):
         params["algos"][algo].update(TINY_TRAINING)
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     runs = {}
-    for algo, data in (("dqn", expert_dataset), ("cql_dqn", expert_dataset), ("cql", pendulum)):
+    trainings = (("dqn", expert_dataset), ("cql_dqn", expert_dataset), ("cql", pendulum), ("iql", expert_dataset))
+    for algo, data in trainings:
         result = orl("train", "--algo", algo, "--dataset", str(data), "--out", f"runs/{algo}", cwd=work,
                      env={"MLFLOW_TRACKING_URI": uri})
         assert result.returncode == 0, result.stderr[-3000:]
@@ -178,7 +179,8 @@ def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
     return runs, uri
 
 
-@pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("cql_dqn", "CartPole-v1"), ("cql", "Pendulum-v1")])
+@pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("cql_dqn", "CartPole-v1"), ("cql", "Pendulum-v1"),
+                                         ("iql", "CartPole-v1")])
 def test_every_q_learning_model_predicts_the_checkpoints_greedy_actions(q_learning_runs, algo, env_id):
     import mlflow.pyfunc
 

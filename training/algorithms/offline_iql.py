@@ -55,7 +55,7 @@ class OfflineIQLConfig(IQLConfig):
         super().__init__(algo_class=algo_class)
         self.advantage_beta = 3.0
 
-    def training(self, *, advantage_beta: float | None = None, **kwargs) -> "OfflineIQLConfig":
+    def training(self, *, advantage_beta: float | None = None, **kwargs) -> OfflineIQLConfig:
         super().training(**kwargs)
         if advantage_beta is not None:
             self.advantage_beta = advantage_beta

@@ -41,7 +41,7 @@ class TargetsPerUpdate:
     def apply_gradients(self, gradients_dict) -> None:
         super().apply_gradients(gradients_dict)
         self._gradient_updates += 1
-        for module_id, module in self.module.items():
+        for module_id in self.module.keys():
             config = self.config.get_config_for_module(module_id)
             if self._gradient_updates % max(config.target_network_update_freq, 1) == 0:
                 self._move_targets(module_id, config.tau)

@@ -16,7 +16,7 @@ from dataset_format import Col
 from tests.conftest import built_algorithm, train_columns
 from training.config import IQLParams
 
-BUDGET = dict(iterations=2, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
+BUDGET = {"iterations": 2, "updates_per_iteration": 10, "batch_size": 128, "hidden_layers": [32, 32]}
 
 
 def linear_shapes(*networks) -> list[tuple[int, int]]:
