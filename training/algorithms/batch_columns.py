@@ -138,10 +138,10 @@ def one_step(rows: pa.Table) -> dict[str, np.ndarray]:
     return flat(transitions(rows, ONE_STEP_COLUMNS))
 
 
-def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray) -> dict[str, np.ndarray]:
+def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray, margin: float = 0.0) -> dict[str, np.ndarray]:
     """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL and IQL, whose tanh
-    policies act there, see offline_cql.py)."""
+    policies act there, see offline_cql.py), kept `margin` inside it."""
     columns = transitions(rows, ONE_STEP_COLUMNS)
     actions = columns[ACTIONS].astype(np.float32)
-    columns[ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, -1.0, 1.0)
+    columns[ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, margin - 1.0, 1.0 - margin)
     return flat(columns)

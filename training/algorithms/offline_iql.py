@@ -20,7 +20,8 @@ already. What changes here:
 - beta is the paper's inverse temperature (3 on its locomotion tasks). RLlib's IQL takes it as MARWIL's `beta`,
   which MARWILConfig.validate caps at 1, so it travels as `advantage_beta`.
 - Q(s, a) for continuous actions is one MLP over the observation and action concatenated (`ConcatQCatalog`), as
-  in the paper and d3rlpy, and actions are rescaled to the tanh policy's [-1, 1] (offline_cql.py).
+  in the paper and d3rlpy, and actions are rescaled to the tanh policy's [-1, 1] (offline_cql.py), kept 1 % inside
+  it (registry.py's `IQL_ACTION_MARGIN`).
 """
 
 from __future__ import annotations
