@@ -44,16 +44,23 @@ def load(dataset_dir: Path):
     )
 
 
-def build(args, discrete: bool):
+def build(args, card: dict, discrete: bool):
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden)
     common = dict(batch_size=args.batch_size, gamma=args.gamma)
+    if not discrete:
+        # d3rlpy's continuous policies act in [-1, 1] (tanh); without a scaler Pendulum's torque is held to half its
+        # range. The env's bounds, as our tanh policies are rescaled to them.
+        common["action_scaler"] = d3rlpy.preprocessing.MinMaxActionScaler(
+            minimum=np.asarray(card["action_space"]["low"], dtype=np.float32),
+            maximum=np.asarray(card["action_space"]["high"], dtype=np.float32))
     if discrete and args.algo == "bc":
         return d3rlpy.algos.DiscreteBCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size)
     if discrete and args.algo == "cql":
         return d3rlpy.algos.DiscreteCQLConfig(learning_rate=args.lr, encoder_factory=encoder, alpha=args.cql_alpha,
                                               target_update_interval=args.target_update_every, **common)
     if not discrete and args.algo == "bc":
-        return d3rlpy.algos.BCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size)
+        return d3rlpy.algos.BCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size,
+                                     action_scaler=common["action_scaler"])
     if not discrete and args.algo == "cql":
         return d3rlpy.algos.CQLConfig(actor_learning_rate=args.actor_lr, critic_learning_rate=args.lr,
                                       actor_encoder_factory=encoder, critic_encoder_factory=encoder,
@@ -87,7 +94,7 @@ def main() -> None:
 
     card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
-    algo = build(args, discrete).create(device="cpu:0")
+    algo = build(args, card, discrete).create(device="cpu:0")
     algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,
              experiment_name=None, with_timestamp=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory())
 
