@@ -109,7 +109,8 @@ def markdown(results: dict, columns: list[str]) -> str:
             scale = entry.get("updates_scale", {}).get(column, 1)
             notes = ([f"×{scale}"] if scale != 1 else []) + (
                 ["sampled"] if entry.get("sampled", {}).get(column) else []) + (
-                [f"{len(scores)} seeds"] if column != "behaviour" and len(scores) != usual_seeds else [])
+                [f"{len(scores)} seed{'s' * (len(scores) != 1)}"] if column != "behaviour" and len(scores) != usual_seeds
+                else [])
             cells[-1] += f" ({', '.join(notes)})" if notes else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

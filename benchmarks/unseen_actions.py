@@ -6,7 +6,7 @@ state of the dataset: how often the greedy action differs from the data's, and t
 the other actions minus the data action's (above 0: an action the data never takes looks better). IQL's greedy
 action is its policy's; its Q-values are its twin critics' minimum. Prints a markdown table.
 
-    python benchmarks/unseen_actions.py --datasets cartpole-expert acrobot-expert --seeds 0 1 2
+    python -m benchmarks.unseen_actions --datasets cartpole-expert --algos dqn cql_dqn --seeds 0 1 2
 """
 
 from __future__ import annotations
