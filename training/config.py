@@ -177,9 +177,10 @@ class IQLParams(LearnerParams):
     expectile: float = 0.7
     """The expectile of Q(s, a) over the data's actions that V(s) fits, in (0.5, 1): higher is closer to the best
     action seen in the data (1 would be its max, Q-learning's overestimation included); 0.5 is the mean, SARSA."""
-    beta: float = 3.0
+    beta: float = 1.0
     """Inverse temperature of the policy's advantage weights exp(beta * (Q - V)), capped at 100: 0 is behaviour
-    cloning; higher favours the data's best actions more."""
+    cloning; higher favours the data's best actions more, and the noise in Q - V too (the paper's 3 suits its
+    rescaled rewards; see the `advantage_weight_ess` metric and benchmarks/README.md)."""
 
     def __post_init__(self):
         super().__post_init__()

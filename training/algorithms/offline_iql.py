@@ -49,6 +49,9 @@ from training.algorithms.target_networks import TargetsPerUpdate
 # The paper's cap on the advantage weights, which keeps one row from dominating a batch.
 MAX_ADVANTAGE_WEIGHT = 100.0
 ADVANTAGE_WEIGHT_MEAN = "advantage_weight_mean"
+# The fraction of the batch the weighted cloning learns from, (sum w)^2 / (n sum w^2): near 1 when the weights are
+# even, near 1/n when one row takes them all (beta too high for the noise in Q - V).
+ADVANTAGE_WEIGHT_ESS = "advantage_weight_ess"
 
 
 class OfflineIQLConfig(IQLConfig):
@@ -115,7 +118,9 @@ class OfflineIQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, IQLTorchLearner
             q_loss = q_loss + F.mse_loss(fwd_out[QF_TWIN_PREDS], td_target)
 
         self.metrics.log_dict({POLICY_LOSS_KEY: policy_loss, QF_LOSS_KEY: q_loss, VF_LOSS: value_loss,
-                               ADVANTAGE_WEIGHT_MEAN: weights.mean()}, key=module_id, window=1)
+                               ADVANTAGE_WEIGHT_MEAN: weights.mean(),
+                               ADVANTAGE_WEIGHT_ESS: weights.sum().square() / (len(weights) * weights.square().sum())},
+                              key=module_id, window=1)
         return value_loss + policy_loss + q_loss
 
     def compute_gradients(self, loss_per_module, **kwargs):

@@ -41,6 +41,7 @@ def test_iql_trains_offline_on_both_action_kinds_and_acts(data, request, tmp_pat
             stats = algorithm.train()["learners"][DEFAULT_MODULE_ID]
         for name in ("qf_loss", "policy_loss", "value_loss"):
             assert np.isfinite(stats[name]), name
+        assert 0.0 < stats["advantage_weight_ess"] <= 1.0
         updates = BUDGET["iterations"] * BUDGET["updates_per_iteration"]
         # Target critics move at every gradient update, not once per iteration.
         assert stats["num_target_updates"] == updates
