@@ -9,10 +9,12 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds and updates scale)
+Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
+values set)
 and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run. `--updates-scale`
 gives every learner more gradient updates than params.yaml (sized for the default pipeline's CartPole data), ours
-and d3rlpy's alike. `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a
+and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter another value (IQL's beta
+per env, as the paper sets it per domain). `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a
 stochastic behaviour policy acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax).
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import yaml
 
 import dataset_format as dataset
 from collectors.config import PolicyConfig
@@ -91,6 +94,14 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
     return np.array(json.loads(out.strip().splitlines()[-1])["returns"])
 
 
+def field_value(text: str) -> tuple[str, object]:
+    """`--set`'s FIELD=VALUE, the value read as YAML (as params.yaml's are)."""
+    field, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FIELD=VALUE")
+    return field, yaml.safe_load(value)
+
+
 def markdown(results: dict, columns: list[str]) -> str:
     """The table; a cell trained with more updates than params.yaml's, evaluated sampling its actions, or on
     more or fewer seeds than most cells, says so in parentheses."""
@@ -107,7 +118,8 @@ def markdown(results: dict, columns: list[str]) -> str:
                 continue
             cells.append(f"{np.mean(scores):.1f}" + (f" ± {np.std(scores):.1f}" if len(scores) > 1 else ""))
             scale = entry.get("updates_scale", {}).get(column, 1)
-            notes = ([f"×{scale}"] if scale != 1 else []) + (
+            notes = ([f"×{scale}"] if scale != 1 else []) + [
+                f"{field} {value}" for field, value in entry.get("overrides", {}).get(column, {}).items()] + (
                 ["sampled"] if entry.get("sampled", {}).get(column) else []) + (
                 [f"{len(scores)} seed{'s' * (len(scores) != 1)}"] if column != "behaviour" and len(scores) != usual_seeds
                 else [])
@@ -154,6 +166,9 @@ def main() -> None:
     parser.add_argument("--updates-scale", type=int, default=1,
                         help="every learner (ours and d3rlpy's) makes this many times params.yaml's gradient updates; "
                              "the table marks such cells")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
+                        help="a hyper-parameter's value for every measured learner that has it, instead of "
+                             "params.yaml's (e.g. beta=0.1); the cells say so")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
     parser.add_argument("--sample-actions", action="store_true",
@@ -165,6 +180,11 @@ def main() -> None:
                      "policy is the greedy one, and d3rlpy's DiscreteBC only acts greedily")
 
     params = load_params(args.params)
+    for field, _ in args.set:
+        counterpart = {**D3RLPY_COUNTERPART, **D3RLPY_CONTINUOUS_COUNTERPART}
+        if not any(hasattr(params.algos.get(counterpart.get(column, column)), field)
+                   for column in args.algos or params.algos.names()):
+            parser.error(f"--set {field}: no learner measured has that hyper-parameter (training/config.py)")
     start_ray(params.ray.num_cpus)
     args.out.mkdir(parents=True, exist_ok=True)
     results = json.loads((args.out / "quality.json").read_text()) if args.update else {}
@@ -187,8 +207,10 @@ def main() -> None:
         learners = [(column, ours) for column, ours in learners if not args.algos or column in args.algos]
         for column, ours in learners:
             base = params.algos.get(ours)
-            algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
+            overrides = {field: value for field, value in args.set if hasattr(base, field)}
+            algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale, **overrides)
             entry["scores"][column] = []
+            entry.setdefault("overrides", {})[column] = overrides
             entry.setdefault("updates_scale", {})[column] = args.updates_scale
             entry.setdefault("seeds", {})[column] = args.seeds
             entry.setdefault("sampled", {})[column] = args.sample_actions
