@@ -6,7 +6,7 @@ The experts are deterministic functions of the observation; their returns are me
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on servers or CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def learning_curves(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:

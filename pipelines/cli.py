@@ -95,7 +95,7 @@ def cmd_datasets_list(args, params: None) -> None:
         if not location.is_file(CARD_FILE):
             continue
         card = read_card(location)
-        print(f"{str(location):40} {card.env_id or '(no env)':15} {card.behavior_policy['kind']:8} "
+        print(f"{location!s:40} {card.env_id or '(no env)':15} {card.behavior_policy['kind']:8} "
               f"{card.episodes:6} episodes {card.transitions:9} transitions  return {card.returns['mean']:8.1f}")
 
 

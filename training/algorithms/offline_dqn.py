@@ -58,7 +58,7 @@ class OfflineDQNConfig(DQNConfig):
         # sampled 1000 steps, which offline never happens.
         self.min_sample_timesteps_per_iteration = 0
 
-    def training(self, *, cql_alpha: float | None = None, **kwargs) -> "OfflineDQNConfig":
+    def training(self, *, cql_alpha: float | None = None, **kwargs) -> OfflineDQNConfig:
         super().training(**kwargs)
         if cql_alpha is not None:
             self.cql_alpha = cql_alpha

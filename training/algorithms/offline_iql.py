@@ -17,8 +17,9 @@ already. What changes here:
   are detached), so each network gets the same gradients.
 - Target critics follow the critics by Polyak averaging at every gradient update, as in the paper
   (target_networks.py).
-- beta is the paper's inverse temperature (3 on its locomotion tasks). RLlib's IQL takes it as MARWIL's `beta`,
-  which MARWILConfig.validate caps at 1, so it travels as `advantage_beta`.
+- beta is the paper's inverse temperature (3 on its locomotion tasks, whose rewards it rescales; 1 here, as
+  IQLParams'). RLlib's IQL takes it as MARWIL's `beta`, which MARWILConfig.validate caps at 1, so it travels as
+  `advantage_beta`.
 - Q(s, a) for continuous actions is one MLP over the observation and action concatenated (`ConcatQCatalog`), as
   in the paper and d3rlpy, and actions are rescaled to the tanh policy's [-1, 1] (offline_cql.py), kept 1 % inside
   it (registry.py's `IQL_ACTION_MARGIN`).
@@ -57,7 +58,7 @@ ADVANTAGE_WEIGHT_ESS = "advantage_weight_ess"
 class OfflineIQLConfig(IQLConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class)
-        self.advantage_beta = 3.0
+        self.advantage_beta = 1.0
 
     def training(self, *, advantage_beta: float | None = None, **kwargs) -> OfflineIQLConfig:
         super().training(**kwargs)

@@ -7,9 +7,9 @@ entry's own config. params.yaml's `algos` section is parsed into the entry's par
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import gymnasium as gym
 
@@ -90,7 +90,7 @@ def _iql_config(params: IQLParams):
 # IQL clones the data's actions through the log-density of SAC's tanh-squashed Gaussian, which at the bounds
 # themselves is that of a pre-squash action of atanh(1 - 1e-6) = 7.3, far beyond the rest: half of pendulum-medium's
 # actions are at the torque bound. Kept 1 % inside, they are atanh(0.99) = 2.6. It removes that degenerate
-# density; it did not lift IQL's score on pendulum-medium (benchmarks/README.md, IQL).
+# density; it did not lift IQL's score on pendulum-medium at beta 3 (benchmarks/README.md, IQL).
 IQL_ACTION_MARGIN = 0.01
 
 
