@@ -10,12 +10,12 @@ seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over t
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
-values set)
-and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run. `--updates-scale`
-gives every learner more gradient updates than params.yaml (sized for the default pipeline's CartPole data), ours
-and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter another value (IQL's beta
-per env, as the paper sets it per domain). `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a
-stochastic behaviour policy acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax).
+values set) and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run.
+`--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
+CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter another
+value (IQL's beta per env, as the paper sets it per domain). `--sample-actions` evaluates our policy learners (BC,
+MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of greedily (d3rlpy's DiscreteBC
+cannot: its sample_action is argmax).
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def main() -> None:
                      "policy is the greedy one, and d3rlpy's DiscreteBC only acts greedily")
 
     params = load_params(args.params)
+    counterpart = {**D3RLPY_COUNTERPART, **D3RLPY_CONTINUOUS_COUNTERPART}
     for field, _ in args.set:
-        counterpart = {**D3RLPY_COUNTERPART, **D3RLPY_CONTINUOUS_COUNTERPART}
         if not any(hasattr(params.algos.get(counterpart.get(column, column)), field)
                    for column in args.algos or params.algos.names()):
             parser.error(f"--set {field}: no learner measured has that hyper-parameter (training/config.py)")
