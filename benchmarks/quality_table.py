@@ -103,8 +103,8 @@ def field_value(text: str) -> tuple[str, object]:
 
 
 def markdown(results: dict, columns: list[str]) -> str:
-    """The table; a cell trained with more updates than params.yaml's, evaluated sampling its actions, or on
-    more or fewer seeds than most cells, says so in parentheses."""
+    """The table; a cell trained with more updates than params.yaml's or another hyper-parameter value (`--set`),
+    evaluated sampling its actions, or on more or fewer seeds than most cells, says so in parentheses."""
     lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     seed_counts = [len(scores) for entry in results.values() for column, scores in entry["scores"].items()
                    if column != "behaviour"]
