@@ -68,7 +68,7 @@ def main() -> None:
         for algo in algos:
             for seed in args.seeds:
                 for budget in args.budgets:
-                    base = params.algos.get(algo)
+                    base = params.algos.get(algo).for_dataset(name)
                     algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
                     label = f"{algo}-{name} seed {seed} x{budget:g}"
                     started = time.monotonic()

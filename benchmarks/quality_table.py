@@ -1,10 +1,10 @@
 """The D4RL-style quality table: our offline learners and d3rlpy's, on the same Parquet files, side by side.
 
-For every dataset: the behaviour policy's normalized score, then each of our algorithms (hyper-parameters
-from params.yaml's `algos`, as the pipeline uses them) and d3rlpy's counterparts (DiscreteBC/DiscreteCQL, or
-BC/CQL/IQL for continuous actions) with the same network, batch size, learning rate and number of gradient
-updates. Every learner runs once per training seed and is evaluated greedily on the pipeline's evaluation
-seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over training seeds.
+For every dataset: the behaviour policy's normalized score, then each of our algorithms (hyper-parameters from
+params.yaml's `algos`, their `per_dataset` values included, as the pipeline uses them) and d3rlpy's counterparts
+(DiscreteBC/DiscreteCQL, or BC/CQL/IQL for continuous actions) with the same network, batch size, learning rate and
+number of gradient updates. Every learner runs once per training seed and is evaluated greedily on the pipeline's
+evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ± std over training seeds.
 
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
@@ -12,10 +12,10 @@ d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md);
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
 values set) and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run.
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
-CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter another
-value (IQL's beta per env, as the paper sets it per domain). `--sample-actions` evaluates our policy learners (BC,
-MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of greedily (d3rlpy's DiscreteBC
-cannot: its sample_action is argmax).
+CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
+another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
+evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of
+greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax).
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ def field_value(text: str) -> tuple[str, object]:
 
 
 def markdown(results: dict, columns: list[str]) -> str:
-    """The table; a cell trained with more updates than params.yaml's or another hyper-parameter value (`--set`),
-    evaluated sampling its actions, or on more or fewer seeds than most cells, says so in parentheses."""
+    """The table; a cell trained with more updates than params.yaml's or another hyper-parameter value (`per_dataset`
+    or `--set`), evaluated sampling its actions, or on more or fewer seeds than most cells, says so in parentheses."""
     lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     seed_counts = [len(scores) for entry in results.values() for column, scores in entry["scores"].items()
                    if column != "behaviour"]
@@ -206,9 +206,11 @@ def main() -> None:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
         learners = [(column, ours) for column, ours in learners if not args.algos or column in args.algos]
         for column, ours in learners:
-            base = params.algos.get(ours)
-            overrides = {field: value for field, value in args.set if hasattr(base, field)}
-            algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale, **overrides)
+            configured = params.algos.get(ours)
+            overrides = {**configured.per_dataset.get(name, {}),
+                         **{field: value for field, value in args.set if hasattr(configured, field)}}
+            base = dataclasses.replace(configured.for_dataset(name), **overrides)
+            algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             entry["scores"][column] = []
             entry.setdefault("overrides", {})[column] = overrides
             entry.setdefault("updates_scale", {})[column] = args.updates_scale

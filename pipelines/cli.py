@@ -33,15 +33,19 @@ def cmd_train(args, params: Params) -> None:
     from dataset_format import locate
     from training.train import train
 
+    name = locate(args.dataset).name
     try:
-        algo_params = params.algos.get(args.algo)
+        configured = params.algos.get(args.algo)
     except ValueError as err:
         raise UserError(str(err)) from None
-    out = args.out or Path("runs") / f"{args.algo}-{locate(args.dataset).name}"
+    if name in configured.per_dataset:
+        values = ", ".join(f"{key}={value}" for key, value in configured.per_dataset[name].items())
+        print(f"[train] {args.algo} on {name} with algos.{args.algo}.per_dataset's {values}", flush=True)
+    out = args.out or Path("runs") / f"{args.algo}-{name}"
     connect()  # an unreachable tracking server fails now, before Ray starts
     start_ray(params.ray.num_cpus)
     seed = params.train.seed if args.seed is None else args.seed
-    train(args.algo, algo_params, args.dataset, out, seed, params.train.checkpoint_every)
+    train(args.algo, configured.for_dataset(name), args.dataset, out, seed, params.train.checkpoint_every)
 
 
 def cmd_train_online(args, params: Params) -> None:

@@ -69,10 +69,13 @@ class Params:
         for name in self.imports:
             if name in self.all_datasets:
                 raise ValueError(f"imports.{name} is also a collected dataset's name; give it another name")
-        missing = [d for d in self.train.datasets if d not in self.all_datasets and d not in self.imports]
-        if missing:
-            raise ValueError(f"train.datasets names {missing}, which are not under `datasets`, `policy_datasets` "
-                             "or `imports`")
+        for where, names in [("train.datasets", self.train.datasets),
+                             *((f"algos.{algo}.per_dataset", self.algos.get(algo).per_dataset)
+                               for algo in self.algos.names())]:
+            missing = [d for d in names if d not in self.all_datasets and d not in self.imports]
+            if missing:
+                raise ValueError(f"{where} names {missing}, which are not under `datasets`, `policy_datasets` or "
+                                 "`imports`")
 
     @property
     def all_datasets(self) -> dict[str, DatasetConfig]:
@@ -129,6 +132,8 @@ def _build(cls, data, source: str, where: str):
 
 
 def _coerce(tp, value, source: str, where: str):
+    if tp is typing.Any:  # checked by the dataclass that holds it (`per_dataset`)
+        return value
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):  # `X | None`: a section that may be left out
         if value is None:

@@ -6,7 +6,9 @@ These are the public knobs; `training/algorithms.py` maps them onto RLlib's conf
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.checks import require_layer_sizes, require_positive
 
@@ -59,6 +61,10 @@ class LearnerParams:
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
     cluster, where each learner has its own node or GPU. Each reads its share of a dataset held in memory itself; a
     streamed one also needs `map_tasks` CPUs beside theirs."""
+    per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Other values of these keys for some datasets, by dataset name, e.g. `{lunarlander-medium: {beta: 0.1}}`:
+    good values differ between environments (IQL's beta, benchmarks/README.md). DVC tracks the whole section, so
+    a change here re-runs this algorithm on every dataset."""
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
@@ -69,6 +75,24 @@ class LearnerParams:
         require_layer_sizes(self.hidden_layers)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
+        for name in self.per_dataset:
+            try:
+                self.for_dataset(name)
+            except ValueError as err:
+                raise ValueError(f"per_dataset.{name}: {err}") from None
+
+    def for_dataset(self, name: str) -> LearnerParams:
+        """The hyper-parameters to train on dataset `name`: these, with its `per_dataset` values in place."""
+        values = self.per_dataset.get(name, {})
+        keys = [f.name for f in dataclasses.fields(self) if f.name != "per_dataset"]
+        for key, value in values.items():
+            if key not in keys:
+                raise ValueError(f"unknown key '{key}'; known keys: {', '.join(keys)}")
+            kind = type(getattr(self, key))
+            if type(value) is not kind and not (kind is float and type(value) is int):
+                raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
+        return dataclasses.replace(self, per_dataset={}, **{key: type(getattr(self, key))(value)
+                                                             for key, value in values.items()})
 
 
 @dataclass(frozen=True)

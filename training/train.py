@@ -53,7 +53,9 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
                                                                "run_name": f"{algo}-{card.name}"}
     with mlflow.start_run(**start) as mlflow_run:
         if resume is None:
-            mlflow.log_params({"algo": algo, "seed": seed, **dataclasses.asdict(params),
+            # The values trained with: `per_dataset`'s are already in place (LearnerParams.for_dataset).
+            hyper_parameters = {k: v for k, v in dataclasses.asdict(params).items() if k != "per_dataset"}
+            mlflow.log_params({"algo": algo, "seed": seed, **hyper_parameters,
                                **{f"dataset.{k}": v for k, v in card.summary().items()}})
             mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
                              "dataset": card.name, "env_id": card.env_id or "", "algo": algo})

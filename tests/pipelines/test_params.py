@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -27,6 +29,13 @@ def test_the_pipelines_params_parse(path):
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
     assert set(params.train.datasets) <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
+
+
+def test_per_dataset_values_replace_the_sections_for_that_dataset_only():
+    iql = load_params(SUITE).algos.iql
+    assert iql.for_dataset("lunarlander-medium").beta == 0.1 and iql.for_dataset("lunarlander-medium").per_dataset == {}
+    assert iql.for_dataset("cartpole-medium") == dataclasses.replace(iql, per_dataset={})
+    assert iql.beta == 1.0
 
 
 def test_the_suite_trains_behaviour_policies_online():
@@ -59,6 +68,14 @@ def test_the_suite_trains_behaviour_policies_online():
      r"online_policies.lunarlander-ppo: target_score must be below 100 \(the expert\), got 100"),
     (lambda p: p["online_policies"]["lunarlander-ppo"].update(held_out_episodes=-1),
      r"online_policies.lunarlander-ppo: held_out_episodes must be >= 0 \(0 scores the training episodes\), got -1"),
+    (lambda p: p["algos"]["iql"]["per_dataset"].update({"lunarlander-meduim": {"beta": 0.3}}),
+     r"algos.iql.per_dataset names \['lunarlander-meduim'\], which are not under `datasets`"),
+    (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"betta": 0.3}}),
+     r"algos.iql: per_dataset.cartpole-medium: unknown key 'betta'; known keys: lr, "),
+    (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"beta": "high"}}),
+     r"algos.iql: per_dataset.cartpole-medium: beta must be a float, got 'high'"),
+    (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"beta": -1}}),
+     r"algos.iql: per_dataset.cartpole-medium: beta must be >= 0, got -1"),
     (lambda p: p["online_policies"]["lunarlander-ppo"].update(env="Lunar"),
      r"online_policies.lunarlander-ppo.env: unknown env id 'Lunar'"),
 ])
