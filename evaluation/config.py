@@ -18,9 +18,10 @@ class EvaluateConfig:
     num_workers: int = 2
     """Ray actors running evaluation episodes in parallel."""
     sample_actions: bool = False
-    """BC and MARWIL sample their actions, as a behaviour policy that samples its own did to make the data,
+    """BC, MARWIL and IQL sample their actions, as a behaviour policy that samples its own did to make the data,
     instead of taking the most likely one (as d3rlpy and most papers evaluate). On data from such a policy the
-    two readings differ most (benchmarks/README.md's quality table). The other learners always act greedily."""
+    two readings differ most (benchmarks/README.md's quality table). The Q-learners (DQN, CQL) always act
+    greedily."""
 
     def __post_init__(self):
         require_positive(self, "episodes", "num_workers")

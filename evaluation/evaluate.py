@@ -32,7 +32,7 @@ def measure_references(env_ids: list[str], config: EvaluateConfig, references_di
 
 
 def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateConfig) -> dict:
-    """Evaluates the policy of a training run, greedy unless `config.sample_actions` (BC and MARWIL); writes
+    """Evaluates the policy of a training run, greedy unless `config.sample_actions` (BC, MARWIL, IQL); writes
     eval.json and logs it to the run's MLflow run."""
     run = RunDir(Path(run_dir))
     if not run.run_info.is_file():

@@ -1,8 +1,8 @@
 """`orl ope` and `orl select`: a trained policy's return estimated from logged episodes alone (no simulator), and
 the best run for a dataset chosen by such an estimate.
 
-The evaluated policy is the one `orl evaluate` runs (greedy, or sampling where `evaluate.sample_actions` makes BC
-and MARWIL sample), and the estimates are in its units: the normalized score where the dataset's env has
+The evaluated policy is the one `orl evaluate` runs (greedy, or sampling where `evaluate.sample_actions` makes BC,
+MARWIL and IQL sample), and the estimates are in its units: the normalized score where the dataset's env has
 references, else the return. The estimators are in evaluation/estimators.py.
 """
 
