@@ -37,6 +37,7 @@ from dataset_format import Col, column_to_numpy
 from pipelines.params import load_params
 from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, VALUE_TARGETS, with_returns
 from training.algorithms.registry import rllib_config
+from training.algorithms.rllib_internals import local_learner, update_without_reducing_metrics
 from training.config import DQNParams, IQLParams, LearnerParams, MARWILParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +145,7 @@ class PlainLoop:
         return time.perf_counter() - started
 
 
-def measure(algo: str, params: LearnerParams, spaces, dataset_dir: Path, table: pa.Table,
+def measure(algo: str, params: LearnerParams, dataset_dir: Path, table: pa.Table,
             iterations: int) -> tuple[float, float, float, float]:
     """(start-up seconds, steady-state samples/s of RLlib, of its learner alone on batches made ahead, and of
     the plain loop).
@@ -153,7 +154,7 @@ def measure(algo: str, params: LearnerParams, spaces, dataset_dir: Path, table: 
     tens of percent over a minute, and timed one after the other they would each see a different machine.
     """
     started = time.perf_counter()
-    algorithm = rllib_config(algo, params, spaces, dataset_dir, seed=0).build_algo()
+    algorithm = rllib_config(algo, params, dataset_dir, seed=0).build_algo()
     try:
         algorithm.train()
         startup = time.perf_counter() - started
@@ -193,7 +194,7 @@ class LearnerAlone:
         self.batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
             {key.split("/", 1)[1]: torch.as_tensor(np.asarray(values)[picked]) for key, values in data.items()})},
             env_steps=params.batch_size) for picked in rows]
-        self.learner = algorithm.learner_group._learner
+        self.learner = local_learner(algorithm)
         self.batch_size, self.updates = params.batch_size, 0
 
     def run(self, updates: int) -> float:
@@ -201,8 +202,9 @@ class LearnerAlone:
         started = time.perf_counter()
         for _ in range(updates):
             batch = self.batches[self.updates % AHEAD_BATCHES]
-            self.learner.update(training_data=TrainingData(batch=batch), minibatch_size=self.batch_size,
-                                num_epochs=1, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0}, _no_metrics_reduce=True)
+            update_without_reducing_metrics(
+                self.learner, training_data=TrainingData(batch=batch), minibatch_size=self.batch_size, num_epochs=1,
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
             self.updates += 1
         self.learner.metrics.reduce()
         return time.perf_counter() - started
@@ -223,15 +225,13 @@ def main() -> None:
     start_ray(params.ray.num_cpus)
     torch.manual_seed(0)
     table = dataset.load_table(args.dataset)
-    spaces = dataset.read_card(args.dataset).spaces
     rows = ["| learner | num_learners | batch | RLlib start-up (s) | RLlib samples/s | plain torch samples/s | ratio | "
             "RLlib learner alone: ratio |", "|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = params.algos.get(algo)
         for learners in args.learners or [algo_params.num_learners]:
             startup, rllib_rate, learner_rate, plain_rate = measure(
-                algo, dataclasses.replace(algo_params, num_learners=learners), spaces, args.dataset, table,
-                args.iterations)
+                algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset, table, args.iterations)
             rows.append(f"| {algo} | {learners} | {algo_params.batch_size} | {startup:.1f} | {rllib_rate:,.0f} | "
                         f"{plain_rate:,.0f} | {rllib_rate / plain_rate:.2f} | {learner_rate / plain_rate:.2f} |")
             print(rows[-1], file=sys.stderr, flush=True)

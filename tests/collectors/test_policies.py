@@ -41,16 +41,15 @@ def observations(env_id: str, rows: int) -> np.ndarray:
 
 @pytest.fixture
 def tracking_uri(monkeypatch):
-    """Sets MLflow's tracking URI for one test; MLflow's global URI and MLFLOW_TRACKING_URI are put back after."""
-    from mlflow.tracking._tracking_service import utils
-
-    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
+    """Sets MLflow's tracking URI for one test; afterwards MLflow's global URI is unset and MLFLOW_TRACKING_URI
+    put back."""
 
     def use(uri: str) -> None:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # recorded, so restored; set_tracking_uri sets it too
         mlflow.set_tracking_uri(uri)
 
-    return use
+    yield use
+    mlflow.set_tracking_uri(None)  # before monkeypatch restores the variable, which this unsets
 
 
 def test_random_logp_is_minus_log_n_for_discrete_and_its_samples_are_uniform():

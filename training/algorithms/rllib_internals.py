@@ -4,8 +4,10 @@ RLlib's new API stack leaves no public way to train DQN and CQL from offline dat
 without its per-row episode pre-learner, or to take some per-update costs out of its learners (see the modules
 beside this one). Every private name we read, set, call or override is listed in `HOOKS` with why we need it,
 and reached only through this module: accessors for attributes and calls, and the `private_hook` decorator
-for methods our subclasses override. `tests/training/test_rllib_internals.py` fails, naming the hooks to
-re-check, when the installed Ray or torch is not the version they were written for, or a hook is gone.
+for methods our subclasses override. Tests and benchmarks use the accessors too.
+`tests/training/algorithms/test_rllib_internals.py` fails, naming the hooks to re-check, when the installed Ray or
+torch is not the version they were written for or a hook is gone, and fails on any private name of a library used
+anywhere in the repository (tests and benchmarks included) that is not listed here.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ HOOKS = {hook.key: hook for hook in (
     Hook("ray.rllib.algorithms.marwil.torch.marwil_torch_learner:MARWILTorchLearner",
          "moving_avg_sqd_adv_norms_per_module",
          "MARWIL's running mean of squared advantages, started at the first batch's value instead of 100."),
+    Hook("ray.rllib.core.learner.learner_group:LearnerGroup", "_learner",
+         "the learner of a group with no remote learners (num_learners 0), which tests and benchmarks drive "
+         "directly; RLlib's public API reaches it only through remote calls."),
+    Hook("ray.rllib.core.learner.learner:Learner", "_named_optimizers",
+         "the learner's optimizers, which tests check were built fused (lean_learner.py)."),
+    Hook("ray.rllib.core.learner.learner:Learner", "_no_metrics_reduce",
+         "Learner.update's flag to skip reducing metrics, so the training-throughput benchmark reduces them once "
+         "per timed call, as training does once per iteration."),
     Hook("torch", "_foreach_norm", "the norms of all gradient tensors in one op, for clipping by global norm."),
     Hook("torch", "_foreach_mul_", "scales all gradient tensors in one op, for clipping by global norm."),
     Hook("torch", "_foreach_lerp_", "moves all target-network tensors towards the online ones in one op (Polyak "
@@ -82,11 +92,7 @@ def private_hook(key: str):
     if key not in HOOKS:
         raise KeyError(f"{key} is not listed in training/algorithms/rllib_internals.py HOOKS; add it with why")
 
-    def mark(method):
-        method.__rllib_private_hook__ = key
-        return method
-
-    return mark
+    return lambda method: method
 
 
 def resolve(hook: Hook):
@@ -109,6 +115,21 @@ def mark_offline(config) -> None:
 def skip_stateful_module_check(algorithm) -> None:
     """DQN._module_is_stateful"""
     algorithm._module_is_stateful = False
+
+
+def local_learner(algorithm):
+    """LearnerGroup._learner: the algorithm's learner, in this process (num_learners 0)."""
+    return algorithm.learner_group._learner
+
+
+def named_optimizers(learner) -> dict:
+    """Learner._named_optimizers"""
+    return learner._named_optimizers
+
+
+def update_without_reducing_metrics(learner, **update_kwargs) -> None:
+    """Learner.update(..., _no_metrics_reduce=True): the caller reduces `learner.metrics` itself."""
+    learner.update(**update_kwargs, _no_metrics_reduce=True)
 
 
 def weights_seq_no(learner) -> int:

@@ -16,6 +16,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from tests.conftest import built_algorithm
 from training.algorithms.registry import rllib_config
+from training.algorithms.rllib_internals import local_learner
 from training.config import CQLParams, DQNParams
 
 BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
@@ -25,7 +26,7 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
     card = dataset.read_card(pendulum_dataset)
     with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
         assert algorithm.env_runner_group is None
-        module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
         q_layers = [m for m in (*module.qf_encoder.modules(), *module.qf.modules()) if isinstance(m, torch.nn.Linear)]
         # Q(s, a) as in the CQL paper and d3rlpy: one MLP over Pendulum's 3 obs and 1 action, not RLlib's streams.
         assert [(layer.in_features, layer.out_features) for layer in q_layers] == [(4, 32), (32, 32), (32, 1)]
@@ -49,6 +50,6 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
 
 def test_algorithms_refuse_the_wrong_action_space(pendulum_dataset, expert_dataset):
     with pytest.raises(UserError, match="needs discrete actions"):
-        rllib_config("dqn", DQNParams(), dataset.read_card(pendulum_dataset).spaces, pendulum_dataset, seed=0)
+        rllib_config("dqn", DQNParams(), pendulum_dataset, seed=0)
     with pytest.raises(UserError, match="needs continuous"):
-        rllib_config("cql", CQLParams(), dataset.read_card(expert_dataset).spaces, expert_dataset, seed=0)
+        rllib_config("cql", CQLParams(), expert_dataset, seed=0)

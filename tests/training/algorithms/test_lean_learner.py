@@ -19,6 +19,7 @@ from dataset_format import Col
 from pipelines.params import load_params
 from tests.conftest import built_algorithm, train_columns
 from training.algorithms.lean_learner import SKIPPED_UPDATES, LogSoftmaxCategorical, clip_gradients
+from training.algorithms.rllib_internals import local_learner, named_optimizers
 
 
 def _weights(learner) -> list[torch.Tensor]:
@@ -27,7 +28,7 @@ def _weights(learner) -> list[torch.Tensor]:
 
 def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_dataset, ray_local):
     with built_algorithm("bc", load_params("params.yaml").algos.bc, expert_dataset) as algorithm:
-        learner = algorithm.learner_group._learner
+        learner = local_learner(algorithm)
         columns = train_columns(algorithm, 64)
 
         def update(observations: torch.Tensor) -> dict:
@@ -42,7 +43,7 @@ def test_update_with_nan_gradients_is_skipped_and_a_finite_one_applied(expert_da
         assert all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
         assert results[DEFAULT_MODULE_ID][SKIPPED_UPDATES].peek() == 1
 
-        assert all(group["fused"] for optimizer in learner._named_optimizers.values()
+        assert all(group["fused"] for optimizer in named_optimizers(learner).values()
                    for group in optimizer.param_groups)
         update(columns[Col.OBS])
         assert not all(torch.equal(a, b) for a, b in zip(before, _weights(learner)))
@@ -80,7 +81,7 @@ def test_log_softmax_categorical_equals_rllibs_categorical():
 
 def test_step_counters_of_an_update_equal_rllibs_per_minibatch_counters(expert_dataset, ray_local):
     with built_algorithm("bc", load_params("params.yaml").algos.bc, expert_dataset) as algorithm:
-        learner = algorithm.learner_group._learner
+        learner = local_learner(algorithm)
         assert learner.module[DEFAULT_MODULE_ID].unwrapped().action_dist_cls is LogSoftmaxCategorical
         minibatches = []
         count_rows = learner._log_steps_trained_metrics

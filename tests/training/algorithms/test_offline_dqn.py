@@ -16,6 +16,7 @@ from collectors.rollout import EpisodeRunner
 from common.trained_policy import load_rl_module
 from dataset_format import Col, episode_stats
 from tests.conftest import built_algorithm, train_columns
+from training.algorithms.rllib_internals import local_learner
 from training.config import DQNParams
 
 BUDGET = dict(iterations=40, updates_per_iteration=50, batch_size=256, hidden_layers=[64, 64], lr=1e-3,
@@ -80,7 +81,7 @@ def test_target_sync_count_survives_a_checkpoint(expert_dataset, tmp_path):
     train_and_save(expert_dataset, params, tmp_path / "dqn")
     with built_algorithm("dqn", params, expert_dataset) as algorithm:
         algorithm.learner_group.restore_from_path(tmp_path / "dqn" / "learner_group")  # as `orl train` resumes
-        assert algorithm.learner_group._learner._gradient_updates == 60
+        assert local_learner(algorithm)._gradient_updates == 60
 
 
 def test_dueling_q_values_equal_rllibs(expert_dataset):
@@ -89,7 +90,7 @@ def test_dueling_q_values_equal_rllibs(expert_dataset):
 
     obs = {"obs": torch.as_tensor(dataset.load_arrays(expert_dataset)[Col.OBS][:64])}
     with built_algorithm("dqn", DQNParams(**BUDGET), expert_dataset) as algorithm:
-        module = algorithm.learner_group._learner.module["default_policy"]
+        module = local_learner(algorithm).module["default_policy"]
         assert module.uses_dueling
         heads = {"af": module.af, "vf": module.vf}
         ours = module._qf_forward_helper(obs, module.encoder, heads)["qf_preds"]
@@ -105,7 +106,7 @@ def test_td_loss_equals_rllibs(expert_dataset, double_q):
     params = DQNParams(**BUDGET, double_q=double_q, n_step=3)
     with built_algorithm("dqn", params, expert_dataset) as algorithm:
         algorithm.train()  # the target network drifts from the online one
-        learner = algorithm.learner_group._learner
+        learner = local_learner(algorithm)
         batch = train_columns(algorithm, 256)
         config = learner.config.get_config_for_module("default_policy")
         fwd_out = learner.module["default_policy"].forward_train(batch)

@@ -14,6 +14,7 @@ import dataset_format as dataset
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from tests.conftest import built_algorithm, train_columns
+from training.algorithms.rllib_internals import local_learner
 from training.config import IQLParams
 
 BUDGET = {"iterations": 2, "updates_per_iteration": 10, "batch_size": 128, "hidden_layers": [32, 32]}
@@ -32,7 +33,7 @@ def test_iql_trains_offline_on_both_action_kinds_and_acts(data, request, tmp_pat
     discrete = data == "expert_dataset"
     with built_algorithm("iql", IQLParams(**BUDGET), dataset_dir) as algorithm:
         assert algorithm.env_runner_group is None
-        module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
         # Discrete: Q(s, .) for each of CartPole's 2 actions. Box: one MLP over Pendulum's 3 obs and 1 action.
         q_out = [(32, 32), (32, 2)] if discrete else [(32, 32), (32, 1)]
         assert linear_shapes(module.qf_encoder, module.qf) == [(obs_dim if discrete else obs_dim + 1, 32), *q_out]
@@ -65,7 +66,7 @@ def test_value_function_fits_an_upper_expectile_of_q(mixture_dataset):
     with built_algorithm("iql", params, mixture_dataset) as algorithm:
         for _ in range(params.iterations):
             algorithm.train()
-        module = algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
         batch = train_columns(algorithm, 512)
         with torch.no_grad():
             out = module.forward_train(batch)

@@ -12,13 +12,14 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from pipelines.params import load_params
 from tests.conftest import built_algorithm, train_columns
 from training.algorithms.batch_columns import LOSS_MASK, OBS, VALUE_TARGETS
+from training.algorithms.rllib_internals import local_learner
 
 ROWS = 256
 
 
 def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dataset, ray_local):
     with built_algorithm("marwil", load_params("params.yaml").algos.marwil, mixture_dataset) as algorithm:
-        learner = algorithm.learner_group._learner
+        learner = local_learner(algorithm)
         module = learner.module[DEFAULT_MODULE_ID].unwrapped()
         columns = train_columns(algorithm, ROWS)
         assert columns[LOSS_MASK].all()  # the test data's episodes are whole
@@ -40,7 +41,7 @@ def test_bc_loss_equals_rllibs_marwil_loss_at_beta_zero(data, request):
 
     with built_algorithm("bc", load_params("params.yaml").algos.bc, request.getfixturevalue(data)) as algorithm:
         algorithm.train()
-        learner = algorithm.learner_group._learner
+        learner = local_learner(algorithm)
         batch = train_columns(algorithm, ROWS)
         config = learner.config.get_config_for_module(DEFAULT_MODULE_ID)
         assert config.beta == 0

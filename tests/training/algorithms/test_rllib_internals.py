@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import PACKAGES, REPO
 from training.algorithms import rllib_internals
 from training.algorithms.rllib_internals import HOOKS, WRITTEN_FOR, resolve
 
-OUR_PACKAGES = ("collectors", "common", "dataset_format", "evaluation", "pipelines", "training")
 # Names to look for in our code; `.data` is too common a name to scan for.
 HOOK_NAMES = {hook.name for hook in HOOKS.values()} - {"data"}
+DECLARED = {hook.name for hook in HOOKS.values()}
 
 
 def test_installed_versions_are_those_the_hooks_were_written_for():
@@ -37,31 +37,92 @@ def test_each_hook_is_still_in_the_installed_source(key):
         f"{hook.owner} no longer has {hook.name} ({hook.why}); adapt the code using it through rllib_internals")
 
 
-def _python_files() -> list[Path]:
-    return [path for package in OUR_PACKAGES for path in (REPO / package).rglob("*.py")]
+def _python_files(*folders: str) -> list[Path]:
+    """The repository's Python files under `folders` (all of them by default), never the virtualenvs'."""
+    roots = [REPO / folder for folder in folders] or [REPO]
+    return sorted(path for root in roots for path in root.rglob("*.py")
+                  if not any(part.startswith(".") for part in path.relative_to(REPO).parts))
 
 
-def test_private_names_are_used_only_through_rllib_internals():
+def _is_private(name: str | None) -> bool:
+    return bool(name) and name.startswith("_") and not name.startswith("__")
+
+
+def _hooked(node: ast.AST) -> bool:
+    return any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "private_hook"
+               for d in getattr(node, "decorator_list", []))
+
+
+def _our_private_names(trees: list[ast.AST]) -> set[str]:
+    """Private names our own code defines: functions, classes, module names, and attributes set on `self`/`cls`
+    (an override of a library's private method, marked @private_hook, is not ours)."""
+    ours = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not _hooked(node):
+                ours.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                ours.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                ours.add(node.attr)
+    return {name for name in ours if _is_private(name)}
+
+
+def _private_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for each private attribute, keyword argument or module imported under `tree`."""
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            uses.append((node.lineno, node.attr))
+        elif isinstance(node, ast.keyword) and _is_private(node.arg):
+            uses.append((node.lineno, node.arg))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] not in PACKAGES:
+            uses.extend((node.lineno, name) for name in [*node.module.split("."), *(a.name for a in node.names)]
+                        if _is_private(name))
+        elif isinstance(node, ast.Import):
+            uses.extend((node.lineno, part) for alias in node.names for part in alias.name.split(".")
+                        if _is_private(part))
+    return uses
+
+
+def test_no_private_library_name_is_used_anywhere_unless_the_wall_declares_it():
+    # A deny-list: every private name our code, tests and benchmarks touch is either ours or listed in HOOKS.
+    files = _python_files()
+    trees = {path: ast.parse(path.read_text()) for path in files}
+    ours = _our_private_names(list(trees.values()))
+    offenders = [f"{path.relative_to(REPO)}:{line} uses {name}" for path, tree in trees.items()
+                 for line, name in _private_uses(tree) if name not in ours and name not in DECLARED]
+    assert not offenders, ("private library names used without a hook in training/algorithms/rllib_internals.py "
+                           "(list it in HOOKS with why, and reach it through an accessor there): "
+                           + "; ".join(offenders))
+
+
+def test_the_scan_finds_a_private_name_on_a_library_object():
+    tree = ast.parse("learner._new_private_thing\nf(_secret=1)\nfrom mlflow._internal import x\n")
+    assert sorted(name for _, name in _private_uses(tree)) == ["_internal", "_new_private_thing", "_secret"]
+
+
+def test_declared_names_are_used_only_through_rllib_internals():
+    # Our packages reach the hooks through the wall's accessors, or override them marked @private_hook.
     wall = Path(rllib_internals.__file__).resolve()
     offenders = []
-    for path in _python_files():
+    for path in _python_files(*PACKAGES):
         if path.resolve() == wall:
             continue
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text())):
             calls_base = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call) and \
                 getattr(node.value.func, "id", "") == "super"  # an override calling what it overrides
             if isinstance(node, ast.Attribute) and node.attr in HOOK_NAMES and not calls_base:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno} uses .{node.attr}")
+            if isinstance(node, ast.keyword) and node.arg in HOOK_NAMES and _is_private(node.arg):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} passes {node.arg}")
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch" \
                     and node.attr.startswith("_"):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno} uses torch.{node.attr}")
-            if isinstance(node, ast.FunctionDef) and node.name in HOOK_NAMES:
-                hooked = any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "private_hook"
-                             for d in node.decorator_list)
-                if not hooked:
-                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno} overrides {node.name} "
-                                     "without @private_hook")
+            if isinstance(node, ast.FunctionDef) and node.name in HOOK_NAMES and not _hooked(node):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} overrides {node.name} "
+                                 "without @private_hook")
     assert not offenders, "private RLlib/torch APIs used around training/algorithms/rllib_internals.py: " + \
         "; ".join(offenders)
 
