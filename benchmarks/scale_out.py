@@ -1,6 +1,6 @@
 """Scale beyond one node and beyond memory, measured in one run.
 
-1. Collection on a Ray cluster of 1 and then 2 nodes on loopback (1 CPU each, `tests/ray_cluster.py`), one
+1. Collection on a Ray cluster of 1 and then 2 nodes on loopback (1 CPU each, `common/loopback_cluster.py`), one
    collector per node, through `orl collect` with RAY_ADDRESS: transitions/s of the command, end to end, and the
    ratio 2 nodes ÷ 1; the two datasets must be byte-identical. With --s3, the same dataset is collected again on
    the 2-node cluster straight to an S3-compatible store.
@@ -17,7 +17,7 @@ Random CartPole episodes (22 steps on average), the cheapest data to make at thi
     AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \\
         python -m benchmarks.scale_out --sizes 1000000 10000000 --s3 s3://orl-bench/scale
 
-(Run as a module from the repository root: it drives its cluster with the tests' `tests/ray_cluster.py`.)
+(Run as a module from the repository root.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import psutil
 import yaml
 
 import dataset_format as dataset
-from tests.ray_cluster import RayCluster
+from common.loopback_cluster import RayCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 ALGOS = ("bc", "marwil")
@@ -110,7 +110,7 @@ def measure(location: str, algo: str, memory_cache_mib: int, iterations: int) ->
     learner_params = dataclasses.replace(getattr(params.algos, algo), memory_cache_mib=memory_cache_mib,
                                          num_learners=1)
     started = time.perf_counter()
-    algorithm = rllib_config(algo, learner_params, dataset.read_card(location).spaces, location, seed=0).build_algo()
+    algorithm = rllib_config(algo, learner_params, location, seed=0).build_algo()
     [learner_pid] = [r.get() for r in algorithm.learner_group.foreach_learner(lambda learner: os.getpid())]
     peak, done = {"driver": 0, "learner": 0}, threading.Event()
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import mlflow
 
+import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
-from common import plots, tracking
+from common import plots
 from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
 from dataset_format import summarize

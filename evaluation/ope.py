@@ -16,7 +16,7 @@ import mlflow
 import numpy as np
 
 import dataset_format as dataset
-from common import tracking
+import tracking
 from common.errors import UserError
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module

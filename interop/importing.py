@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
@@ -16,28 +14,13 @@ import dataset_format as dataset
 from common.code_version import code_version, library_versions
 from dataset_format import Col
 from interop.config import ImportConfig
+from interop.logs import read_log
+from interop.source import Source
 
 # The code an imported dataset's bytes depend on: dvc.yaml's import stage declares the same folders.
 IMPORT_CODE = ("common", "dataset_format", "interop")
 # Episodes are gathered into tables of about this many rows before they are written.
 TABLE_ROWS = 2**16
-
-
-@dataclass
-class Source:
-    """What a reader found, checked, before any byte is written."""
-
-    observation_space: gym.Space
-    action_space: gym.Space
-    episodes: Iterator[dict[str, np.ndarray]]
-    """Each episode's columns (all but eps_id and t) in order. A Minari dataset's are read as they are written,
-    and a bad one raises UserError then."""
-    episode_count: int
-    with_logp: bool
-    metadata: dict = field(default_factory=dict)
-    """What the card keeps of the source: its own ids and metadata."""
-    behavior: str = ""
-    """The logging policy, as the source describes it."""
 
 
 def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes: int) -> dataset.DatasetCard:
@@ -71,11 +54,9 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
 
 def _read(config: ImportConfig) -> Source:
     if config.format == "minari":
-        from interop.minari_io import read_minari
+        from interop.minari_io import read_minari  # the `minari` extra, imported only for Minari data
 
         return read_minari(config)
-    from interop.logs import read_log
-
     return read_log(config)
 
 

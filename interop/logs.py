@@ -19,7 +19,7 @@ from common.envs import env_spaces
 from common.errors import UserError
 from dataset_format import Col, column_to_numpy, episode_bounds, flat_dim
 from interop.config import ColumnMapping, ImportConfig
-from interop.importing import Source
+from interop.source import Source
 
 
 def read_log(config: ImportConfig) -> Source:

@@ -21,7 +21,7 @@ from common.envs import EXPERTS, env_spaces
 from common.errors import UserError
 from dataset_format import Col, episode_bounds
 from interop.config import ImportConfig
-from interop.importing import Source
+from interop.source import Source
 
 # What the card keeps of a Minari dataset's metadata.
 METADATA_KEYS = ("dataset_id", "minari_version", "algorithm_name", "author", "code_permalink", "description",

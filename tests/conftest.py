@@ -21,6 +21,17 @@ import pytest
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 
 REPO = Path(__file__).resolve().parent.parent
+# Our packages, as floors, lowest first: each imports only those before it (tests/test_layers.py).
+PACKAGES = (
+    "common",          # errors, small checks, envs, Ray start-up: imports none of ours
+    "dataset_format",  # the dataset format
+    "tracking",        # MLflow runs and the policy's MLflow model, above the format
+    "collectors",      # collection; beside it, interop: data from elsewhere in and out
+    "interop",
+    "evaluation",      # runs policies with the collectors' episode runner
+    "training",        # offline training; online training scores its behaviour policies with evaluation's references
+    "pipelines",       # the `orl` command, on top
+)
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
@@ -82,10 +93,9 @@ def pendulum_dataset(ray_local, tmp_path_factory) -> Path:
 @contextmanager
 def built_algorithm(algo: str, params, dataset_dir: Path):
     """The RLlib algorithm that trains `algo` with `params` on the dataset (seed 0), stopped afterwards."""
-    import dataset_format as dataset
     from training.algorithms.registry import rllib_config
 
-    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+    algorithm = rllib_config(algo, params, dataset_dir, seed=0).build_algo()
     try:
         yield algorithm
     finally:

@@ -17,8 +17,10 @@ import psutil
 import pytest
 import yaml
 
+from common.loopback_cluster import RayCluster, wait_for
 from tests.conftest import REPO, orl
-from tests.ray_cluster import RayCluster, wait_for
+
+pytestmark = pytest.mark.slow  # a two-node Ray cluster
 
 DATASET = "cluster-expert"
 # Tracebacks, C++ check failures and error-level log lines that a healthy run must not print.

@@ -15,9 +15,10 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
+import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner
-from common import plots, tracking
+from common import plots
 from common.envs import make_env
 from common.errors import UserError, refuse_to_overwrite
 from common.run_dir import RunDir, write_csv, write_json

@@ -19,7 +19,6 @@ import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import DatasetConfig
 from common.errors import UserError
-from common.tracking import dvc_digest
 from tests.conftest import (
     REPO,
     S3_ENV,
@@ -31,6 +30,9 @@ from tests.conftest import (
     orl,
     upload,
 )
+from tracking import dvc_digest
+
+pytestmark = pytest.mark.slow  # the S3-compatible server, and collections killed midway
 
 EXPERT = DatasetConfig(env="CartPole-v1", episodes=20, seed=3)  # the expert_dataset fixture's spec
 

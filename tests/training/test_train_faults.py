@@ -17,6 +17,8 @@ import yaml
 
 from tests.conftest import REPO, assert_user_error, kill_group, orl
 
+pytestmark = pytest.mark.slow  # trainings killed, stopped and resumed
+
 ITERATIONS = 6
 
 
@@ -103,7 +105,7 @@ def _log_like_a_training_run(args) -> str:
     os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
     import mlflow
 
-    from common import tracking
+    import tracking
     from dataset_format import read_card
 
     card = read_card(dataset_dir)

@@ -17,9 +17,11 @@ from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.rollout import rollout_returns
 from common.run_dir import read_csv
-from common.tracking import NEWEST_ALIAS, dvc_digest
 from evaluation.report import report
 from tests.conftest import MLFLOW_BUCKET, REPO, orl
+from tracking import NEWEST_ALIAS, dvc_digest
+
+pytestmark = pytest.mark.slow  # an MLflow server with its artifacts on the S3 server, and trainings
 
 TINY_TRAINING = {"iterations": 3, "updates_per_iteration": 5, "batch_size": 256, "hidden_layers": [32, 32]}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN, DQNConfig
 from ray.rllib.algorithms.dqn.dqn_learner import (
     QF_LOSS_KEY,
@@ -38,8 +37,8 @@ from ray.rllib.utils.metrics import (
 
 from training.algorithms.batch_columns import N_STEP
 from training.algorithms.lean_learner import LeanTorchLearner
-from training.algorithms.rllib_internals import mark_offline, private_hook, skip_stateful_module_check
-from training.algorithms.target_networks import TargetsPerUpdate
+from training.algorithms.rllib_internals import mark_offline, private_hook
+from training.algorithms.shared import TargetsPerUpdate, WithoutEnvRunners
 
 CQL_PENALTY = "cql_penalty"
 
@@ -105,15 +104,6 @@ class OfflineDQNTorchRLModule(DefaultDQNTorchRLModule):
         }
 
 
-class WithoutEnvRunners:
-    """Mixin for algorithms derived from RLlib's DQN (SAC and CQL are too) that train offline: DQN.setup asks
-    env runners whether the module is stateful, and offline there are none."""
-
-    def setup(self, config) -> None:
-        Algorithm.setup(self, config)
-        skip_stateful_module_check(self)
-
-
 class OfflineDQN(WithoutEnvRunners, DQN):
     @classmethod
     def get_default_config(cls) -> OfflineDQNConfig:
@@ -141,7 +131,7 @@ class OfflineDQN(WithoutEnvRunners, DQN):
 class OfflineDQNTorchLearner(TargetsPerUpdate, LeanTorchLearner, DQNTorchLearner):
     """DQN's loss on one-step transitions, plus alpha * E[logsumexp_a Q(s, a) - Q(s, a_data)] (CQL(H)).
 
-    Target networks sync every `target_network_update_freq` gradient updates (target_networks.py).
+    Target networks sync every `target_network_update_freq` gradient updates (shared.py).
     """
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):

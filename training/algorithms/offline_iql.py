@@ -16,7 +16,7 @@ already. What changes here:
   between them). They touch disjoint networks (the targets are computed without gradients, the advantage weights
   are detached), so each network gets the same gradients.
 - Target critics follow the critics by Polyak averaging at every gradient update, as in the paper
-  (target_networks.py).
+  (shared.py).
 - beta is the paper's inverse temperature (3 on its locomotion tasks, whose rewards it rescales; 1 here, as
   IQLParams'). RLlib's IQL takes it as MARWIL's `beta`, which MARWILConfig.validate caps at 1, so it travels as
   `advantage_beta`.
@@ -43,9 +43,8 @@ from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
-from training.algorithms.offline_cql import ConcatQCatalog
 from training.algorithms.rllib_internals import q_network_outputs
-from training.algorithms.target_networks import TargetsPerUpdate
+from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate
 
 # The paper's cap on the advantage weights, which keeps one row from dominating a batch.
 MAX_ADVANTAGE_WEIGHT = 100.0

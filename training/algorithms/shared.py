@@ -1,20 +1,66 @@
-"""Target networks that follow the online ones per gradient update, for our learners derived from RLlib's DQN
-learner (DQN, CQL through SAC, and IQL).
+"""The RLlib pieces our offline algorithms share, side by side here rather than borrowed from a sibling algorithm.
 
-RLlib 2.60's DQNLearner moves targets once per `Learner.update` call, and only when the env steps sampled since the
-last move reach `target_network_update_freq`. Offline, one call is a whole iteration of many gradient updates:
-DQN's targets synced once per iteration, and SAC-style Polyak averaging (tau = 0.005, CQL's and IQL's) moved them
-0.5 % per iteration where the papers move them 0.5 % per update, so the critics' targets stayed near their random
-initialisation for the whole run.
+- `WithoutEnvRunners`: algorithms derived from RLlib's DQN (DQN; CQL through SAC) set up without env runners.
+- `ConcatQCatalog`: SAC's catalog with the Q-network of the CQL paper and d3rlpy, one MLP over the observation and
+  action concatenated, for CQL and IQL. RLlib's SAC catalog gives Q(s, a) a multi-stream network: one MLP for the
+  observation, one for the action, then a 2-layer tanh fusion net with skip connections, several times the
+  multiply-adds, which CQL evaluates on 10 sampled actions per row (docs/algorithms.md).
+- `TargetsPerUpdate`: target networks that follow the online ones per gradient update, for our learners derived
+  from RLlib's DQN learner (DQN, CQL through SAC, and IQL). RLlib 2.60's DQNLearner moves targets once per
+  `Learner.update` call, and only when the env steps sampled since the last move reach
+  `target_network_update_freq`. Offline, one call is a whole iteration of many gradient updates: DQN's targets
+  synced once per iteration, and SAC-style Polyak averaging (tau = 0.005, CQL's and IQL's) moved them 0.5 % per
+  iteration where the papers move them 0.5 % per update, so the critics' targets stayed near their random
+  initialisation for the whole run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn.dqn_learner import DQNLearner
+from ray.rllib.algorithms.sac.sac_catalog import SACCatalog
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.models.base import ENCODER_OUT
+from ray.rllib.core.models.configs import MLPEncoderConfig
+from ray.rllib.core.models.torch.encoder import TorchMLPEncoder
 from ray.rllib.utils.metrics import NUM_TARGET_UPDATES
 
-from training.algorithms.rllib_internals import foreach_lerp_
+from training.algorithms.rllib_internals import encoder_config, foreach_lerp_, private_hook, skip_stateful_module_check
+
+
+class WithoutEnvRunners:
+    """Mixin for algorithms derived from RLlib's DQN (SAC and CQL are too) that train offline: DQN.setup asks
+    env runners whether the module is stateful, and offline there are none."""
+
+    def setup(self, config) -> None:
+        Algorithm.setup(self, config)
+        skip_stateful_module_check(self)
+
+
+class ConcatQEncoder(TorchMLPEncoder):
+    def _forward(self, inputs: dict, **kwargs) -> dict:
+        return {ENCODER_OUT: self.net(torch.cat([inputs[Columns.OBS], inputs[Columns.ACTIONS]], dim=-1))}
+
+
+@dataclasses.dataclass
+class ConcatQEncoderConfig(MLPEncoderConfig):
+    def build(self, framework: str = "torch") -> ConcatQEncoder:
+        return ConcatQEncoder(self)
+
+
+class ConcatQCatalog(SACCatalog):
+    @private_hook("SACCatalog._build_qf_encoder_continuous")
+    def _build_qf_encoder_continuous(self, framework: str) -> ConcatQEncoder:
+        # The policy's observation encoder (layers, activation, initializers), widened to take the action too.
+        obs_encoder = encoder_config(self)
+        self.qf_encoder_config = ConcatQEncoderConfig(
+            **{f.name: getattr(obs_encoder, f.name) for f in dataclasses.fields(obs_encoder)})
+        self.qf_encoder_config.input_dims = (self.observation_space.shape[0] + self.action_space.shape[0],)
+        return self.qf_encoder_config.build(framework)
+
 
 GRADIENT_UPDATES = "gradient_updates"
 

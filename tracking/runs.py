@@ -1,4 +1,4 @@
-"""MLflow: where runs go, the dataset as a run input, and the policy as a registered model."""
+"""MLflow: where runs go, experiments, the dataset as a run input, and the policy as a registered model."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ NEWEST_ALIAS = "newest"  # "latest" is reserved by MLflow
 # MLflow's UI opens an experiment on its GenAI overview (traces, tokens) unless it is tagged as model training.
 EXPERIMENT_KIND_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 # The MLflow model's code (models from code): a trained policy acting greedily.
-POLICY_MODEL_CODE = Path(__file__).resolve().parent.parent / "training" / "policy_model.py"
+POLICY_MODEL_CODE = Path(__file__).resolve().parent / "policy_model.py"
 
 
 def tracking_uri() -> str:

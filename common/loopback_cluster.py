@@ -1,8 +1,8 @@
-"""A real multi-node Ray cluster on loopback for the tests: a head and worker nodes of 1 CPU each, every address on
-127.0.0.1, each node its own raylet, object store and agents.
+"""A real multi-node Ray cluster on one machine, on loopback: a head and worker nodes of 1 CPU each, every address on
+127.0.0.1, each node its own raylet, object store and agents. The tests and `benchmarks/scale_out.py` run on it.
 
 The nodes are started by Ray's own `ray.cluster_utils.Cluster`, in a process of their own (`python -m
-tests.ray_cluster`), which the tests drive through its stdin and stdout. `ray start --head` / `ray start --address`
+common.loopback_cluster`), driven through its stdin and stdout. `ray start --head` / `ray start --address`
 start the same processes, but on one machine the CLI dials the host's interface address even for 127.0.0.1;
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` keeps every address on loopback, and `ray start` refuses to add a worker
 node with it set (docs/cluster-and-storage.md).
@@ -40,7 +40,7 @@ class RayCluster:
 
     def __init__(self, log_path: Path):
         self.log = open(log_path, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.ray_cluster"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "common.loopback_cluster"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
                                         env={**os.environ, **LOOPBACK_ENV}, cwd=Path(__file__).resolve().parent.parent)
         started = self._reply()

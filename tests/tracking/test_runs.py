@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from common import tracking
+import tracking
 from common.errors import UserError
 
 DVC = str(Path(sys.executable).parent / "dvc")
@@ -23,12 +23,12 @@ DVC = str(Path(sys.executable).parent / "dvc")
 
 @pytest.fixture
 def tracking_env(monkeypatch):
-    """Sets MLFLOW_TRACKING_URI for one test; it and MLflow's global URI (which `connect` sets, and with it the
-    environment variable) are put back afterwards."""
-    from mlflow.tracking._tracking_service import utils
+    """Sets MLFLOW_TRACKING_URI for one test; afterwards MLflow's global URI (which `connect` sets) is unset and
+    the environment variable put back."""
+    import mlflow
 
-    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
-    return lambda uri: monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    yield lambda uri: monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(None)  # before monkeypatch restores the variable, which this unsets
 
 
 def dvc_add_md5(repo: Path, data: Path) -> str:
