@@ -63,7 +63,7 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
-    algorithm = rllib_config(algo, params, dataset.read_card(dataset_dir).spaces, dataset_dir, seed).build_algo()
+    algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
     try:
         for _ in range(params.iterations):
             algorithm.train()

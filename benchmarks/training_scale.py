@@ -107,7 +107,7 @@ def measure(dataset_dir: Path, iterations: int, params_file: str, overrides: dic
     bc = dataclasses.replace(params.algos.bc, **overrides)
     with peak_memory() as peak:
         started = time.perf_counter()
-        algorithm = rllib_config("bc", bc, dataset.read_card(dataset_dir).spaces, dataset_dir, seed=0).build_algo()
+        algorithm = rllib_config("bc", bc, dataset_dir, seed=0).build_algo()
         algorithm.train()
         startup = time.perf_counter() - started
         started = time.perf_counter()

@@ -17,10 +17,10 @@ from dataset_format.validation import validate, validated_tables
 DatasetPath = str | os.PathLike | Location  # a local directory or an s3:// prefix
 
 
-def size_on_disk(path: DatasetPath) -> int:
-    """Bytes of the dataset's Parquet files."""
+def size_on_disk(path: DatasetPath, card: DatasetCard | None = None) -> int:
+    """Bytes of the dataset's Parquet files (those its card lists: pass `card` if it is read already)."""
     location = locate(path)
-    return sum(location.size(f["path"]) for f in read_card(location).files)
+    return sum(location.size(f["path"]) for f in (card or read_card(location)).files)
 
 
 def load_table(path: DatasetPath) -> pa.Table:

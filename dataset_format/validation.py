@@ -16,8 +16,8 @@ from dataset_format.location import Location, locate, storage_error
 from dataset_format.schema import Col, column_to_numpy, space_to_dict
 
 
-def validate(path: str | os.PathLike | Location,
-             env_spaces: tuple[gym.Space, gym.Space] | None = None) -> DatasetCard:
+def validate(path: str | os.PathLike | Location, env_spaces: tuple[gym.Space, gym.Space] | None = None,
+             card: DatasetCard | None = None) -> DatasetCard:
     """Checks a dataset (a directory or s3:// prefix) against its card; returns the card or raises UserError naming
     the problem.
 
@@ -26,8 +26,10 @@ def validate(path: str | os.PathLike | Location,
     values are finite and actions inside the action space; episodes are whole, in ascending eps_id order, with
     t counting 0, 1, ..., each ending (and only ending) with terminateds or truncateds, and obs chaining from
     the previous step's new_obs; totals match the card. Files are checked one at a time (bounded memory).
+    `card`, when the caller has read it already, is not read again.
     """
-    card, tables = validated_tables(path, env_spaces)
+    location = locate(path)
+    card, tables = files_checked_against(location, card or read_card(location), env_spaces)
     for _ in tables:
         pass
     return card

@@ -130,21 +130,48 @@ def _in_place(path: str | os.PathLike | Location, card: DatasetCard,
 
 def _files_then_card(location: Location, card: DatasetCard, write_files: Callable[[Location], None]) -> DatasetCard:
     """Runs `write_files`, completes the card with what the files hold, checks them against it and writes it: the
-    commit marker."""
+    commit marker. Each file is read once: its footer for the row count, then its rows, checked and counted into
+    the episodes' returns and lengths on the way."""
     write_files(location)
-    names = [name for name in location.files() if FILE_NAME.match(name)]
-    # Per file, then joined: files are cut between episodes, and only per-episode numbers are kept.
-    stats, files = [], []
-    for name in names:
-        with location.fs.open_input_file(location.path(name)) as handle:
-            parquet = pq.ParquetFile(handle)
-            stats.append(episode_stats(parquet.read(columns=[Col.EPS_ID, Col.REWARDS])))
-            files.append({"path": name, "rows": parquet.metadata.num_rows})
-    returns, lengths = map(np.concatenate, zip(*stats))
-    card = dataclasses.replace(card, files=files, transitions=int(lengths.sum()), returns=summarize(returns),
-                               episode_length=summarize(lengths))
+    files = [{"path": name, "rows": _row_count(location, name)}
+             for name in location.files() if FILE_NAME.match(name)]
+    card = dataclasses.replace(card, files=files, transitions=sum(f["rows"] for f in files))
     _, tables = files_checked_against(location, card)
-    for _ in tables:
-        pass
+    episodes = _EpisodeStats()
+    for table in tables:
+        episodes.add(table)
+    returns, lengths = episodes.whole()
+    card = dataclasses.replace(card, returns=summarize(returns), episode_length=summarize(lengths))
     location.write_text(CARD_FILE, card.to_json())  # last: the commit marker
     return card
+
+
+def _row_count(location: Location, name: str) -> int:
+    with location.fs.open_input_file(location.path(name)) as handle:
+        return pq.ParquetFile(handle).metadata.num_rows
+
+
+class _EpisodeStats:
+    """Returns and lengths of episodes from their rows in order, given a table at a time, where an episode may go
+    on into the next table: each is counted once whole, by `episode_stats` over its rows in order."""
+
+    def __init__(self):
+        self.done: list[tuple[np.ndarray, np.ndarray]] = []
+        self.open: pa.Table | None = None  # the rows of the last episode seen, which the next table may continue
+
+    def add(self, table: pa.Table) -> None:
+        rows = table.select([Col.EPS_ID, Col.REWARDS])
+        if self.open is not None:
+            rows = pa.concat_tables([self.open, rows])
+        eps_id = rows[Col.EPS_ID].to_numpy()
+        last_starts = int(np.searchsorted(eps_id, eps_id[-1]))  # eps_id ascends (validation checks)
+        if last_starts:
+            self.done.append(episode_stats(rows.slice(0, last_starts)))
+        self.open = rows.slice(last_starts)
+
+    def whole(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.open is not None:
+            self.done.append(episode_stats(self.open))
+            self.open = None
+        returns, lengths = zip(*self.done)
+        return np.concatenate(returns), np.concatenate(lengths)

@@ -29,11 +29,12 @@ def cmd_collect(args, params: Params) -> None:
 
 
 def cmd_train(args, params: Params) -> None:
-    from common.tracking import connect
     from dataset_format import locate
+    from tracking import connect
     from training.train import train
 
-    name = locate(args.dataset).name
+    location = locate(args.dataset)  # located once, then handed down
+    name = location.name
     try:
         configured = params.algos.get(args.algo)
     except ValueError as err:
@@ -45,11 +46,11 @@ def cmd_train(args, params: Params) -> None:
     connect()  # an unreachable tracking server fails now, before Ray starts
     start_ray(params.ray.num_cpus)
     seed = params.train.seed if args.seed is None else args.seed
-    train(args.algo, configured.for_dataset(name), args.dataset, out, seed, params.train.checkpoint_every)
+    train(args.algo, configured.for_dataset(name), location, out, seed, params.train.checkpoint_every)
 
 
 def cmd_train_online(args, params: Params) -> None:
-    from common.tracking import connect
+    from tracking import connect
     from training.online import train_online
 
     config = params.online_policy(args.name)

@@ -17,7 +17,8 @@ import mlflow
 import ray
 
 import dataset_format as dataset
-from common import plots, tracking
+import tracking
+from common import plots
 from common.envs import env_spaces
 from common.errors import UserError, refuse_to_overwrite
 from common.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
@@ -34,12 +35,12 @@ def learner_metrics(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: str | Path, seed: int,
-          checkpoint_every: int) -> dict:
+def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.Location, out_dir: str | Path,
+          seed: int, checkpoint_every: int) -> dict:
     """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
     dataset_dir, run, entry = dataset.locate(dataset_path), RunDir(Path(out_dir)), offline_algorithm(algo)
     card = dataset.read_card(dataset_dir)
-    card = dataset.validate(dataset_dir, env_spaces(card.env_id) if card.env_id else None)
+    dataset.validate(dataset_dir, env_spaces(card.env_id) if card.env_id else None, card)
     for output in (run.checkpoint, run.run_info):
         refuse_to_overwrite(output)
     experiment_id = tracking.use_experiment(card.task)  # an unusable tracking store fails before training
@@ -61,7 +62,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
                              "dataset": card.name, "env_id": card.env_id or "", "algo": algo})
             tracking.log_dataset_input(card, dataset_dir, digest)
 
-        algorithm = rllib_config(algo, params, card.spaces, dataset_dir, seed).build_algo()
+        algorithm = rllib_config(algo, params, dataset_dir, seed, card).build_algo()
         try:
             mlflow.set_tag("ray.learner_nodes", json.dumps(learner_nodes(algorithm)))
             curve = resume["curve"] if resume else []
@@ -76,8 +77,9 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path, out_dir: s
             for iteration in range(len(curve) + 1, params.iterations + 1):
                 metrics = learner_metrics(_train_iteration(algorithm, iteration, run, saved_after))
                 mlflow.log_metrics(metrics, step=iteration)
-                # The curve keeps the losses, which every iteration reports (other stats come and go).
-                losses = {k: v for k, v in metrics.items() if k.endswith("loss")}
+                # The curve keeps the losses, which every iteration reports (other stats come and go), in name
+                # order: RLlib's order varies from run to run, and the CSV's columns must not.
+                losses = {k: metrics[k] for k in sorted(metrics) if k.endswith("loss")}
                 curve.append({"iteration": iteration, CURVE_METRIC: losses.get(main_loss, math.nan), **losses,
                               "time_s": time.monotonic() - started})
                 print(f"[{label}] iteration {iteration}/{params.iterations} {main_loss}="

@@ -135,13 +135,15 @@ def algorithm(name: str) -> OfflineAlgorithm:
     return ALGORITHMS[name]
 
 
-def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.Space],
-                 dataset_path: str | Path | dataset.Location, seed: int):
-    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset (a directory or an s3:// prefix)."""
+def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.Location, seed: int,
+                 card: dataset.DatasetCard | None = None):
+    """The RLlib AlgorithmConfig that trains `algo` offline on the dataset (a directory or an s3:// prefix), whose
+    card is read unless given."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    entry, (observation_space, action_space) = algorithm(algo), spaces
     location = dataset.locate(dataset_path)
+    card = card or dataset.read_card(location)
+    entry, (observation_space, action_space) = algorithm(algo), card.spaces
     if not isinstance(action_space, entry.action_spaces):
         kinds = " or ".join("discrete" if kind is gym.spaces.Discrete else "continuous (Box)"
                             for kind in entry.action_spaces)
@@ -161,7 +163,7 @@ def rllib_config(algo: str, params: LearnerParams, spaces: tuple[gym.Space, gym.
             map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
             # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
             # so memory does not grow with them.
-            materialize_mapped_data=dataset.size_on_disk(location) <= params.memory_cache_mib * 2**20,
+            materialize_mapped_data=dataset.size_on_disk(location, card) <= params.memory_cache_mib * 2**20,
             # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},

@@ -33,7 +33,7 @@ def test_transitions_equal_rllib_prelearner_batches(mixture_dataset):
     from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
     spaces = dataset.read_card(mixture_dataset).spaces
-    config = rllib_config("bc", load_params("params.yaml").algos.bc, spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", load_params("params.yaml").algos.bc, mixture_dataset, seed=0)
     config.rl_module(rl_module_spec=config.get_multi_rl_module_spec(spaces={"default_policy": spaces}))
     rows = _rows(mixture_dataset, 5, 300)
     rllib_batch = OfflinePreLearner(config=config, spaces=spaces)(
@@ -110,8 +110,7 @@ def _mapped(config) -> dict[str, np.ndarray]:
 def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset, ray_local):
     """Through Ray Data over the real files: every step is in the loss, with the return of its episode."""
     params = dataclasses.replace(load_params("params.yaml").algos.marwil, gamma=GAMMA)
-    spaces = dataset.read_card(mixture_dataset).spaces
-    batch = _mapped(rllib_config("marwil", params, spaces, mixture_dataset, seed=0))
+    batch = _mapped(rllib_config("marwil", params, mixture_dataset, seed=0))
 
     arrays = dataset.load_arrays(mixture_dataset)
     expected = np.zeros(len(arrays[Col.REWARDS]))
@@ -129,7 +128,7 @@ def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
     """Through Ray Data over the real files: CartPole pays 1 per step, so a k-step reward is sum of gamma^i."""
     params = load_params("params.yaml").algos.dqn
     params = type(params)(**{**params.__dict__, "n_step": 3, "gamma": GAMMA})
-    batch = _mapped(rllib_config("dqn", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0))
+    batch = _mapped(rllib_config("dqn", params, mixture_dataset, seed=0))
     steps = batch[f"default_policy/{N_STEP}"]
     assert set(steps) == {1, 2, 3} and (steps == 3).mean() > 0.5
     np.testing.assert_allclose(batch["default_policy/rewards"], (1 - GAMMA**steps) / (1 - GAMMA), rtol=1e-6)
@@ -141,7 +140,7 @@ def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
 def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, in_memory):
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     data = config.offline_data_class(config)
     [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
     assert isinstance(iterator, InMemoryBatches if in_memory else StreamedBatches)
@@ -158,7 +157,7 @@ def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset
 def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_dataset, ray_local):
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": 0})
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     [stream] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
     batches = list(stream.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=500))
     assert all(len(batch["default_policy/obs"]) == 64 for batch in batches[:-1])
@@ -174,14 +173,14 @@ def test_streaming_without_cpus_beside_the_learners_is_refused_in_one_line(mixtu
     """Two learner actors and a map task want 3 CPUs of Ray's 2: the stream would wait forever."""
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": 0, "num_learners": 2})
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     with pytest.raises(UserError, match="needs 2 CPUs for 2 learners and 1 for map_tasks, and Ray has 2"):
         config.offline_data_class(config)
 
 
 def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
     params = load_params("params.yaml").algos.bc
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     [data] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
     data.load()
     passes = [torch.cat([batch["default_policy/obs"] for batch in data.iter_torch_batches(batch_size=100)])
@@ -198,7 +197,7 @@ def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
 def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):
     """With learner actors, each reads the dataset in its own process and keeps a disjoint share of the rows."""
     params = load_params("params.yaml").algos.bc
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     shards = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=2)
     rows = [{row.numpy().tobytes() for row in shard.load().columns["default_policy/obs"]} for shard in shards]
     everything = [row.tobytes() for row in dataset.load_arrays(mixture_dataset)[Col.OBS]]
@@ -211,7 +210,7 @@ def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
     their weights equal."""
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "num_learners": 2, "updates_per_iteration": 3, "batch_size": 64})
-    config = rllib_config("bc", params, dataset.read_card(mixture_dataset).spaces, mixture_dataset, seed=0)
+    config = rllib_config("bc", params, mixture_dataset, seed=0)
     algorithm = config.build_algo()
 
     def weights():
