@@ -35,7 +35,7 @@ def test_an_unknown_env_id_is_refused_naming_it_and_the_supported_ones(call):
 
 def test_supported_ids_pass_the_check():
     for env_id in SUPPORTED:
-        check_env_id(env_id)  # raises nothing
+        assert check_env_id(env_id) is None  # raises nothing
 
 
 @pytest.mark.parametrize("env_id", SUPPORTED)
@@ -68,14 +68,19 @@ def test_step_actions_are_python_ints_for_discrete_and_the_array_itself_for_box(
     assert step_actions(box_actions, gym.spaces.Box(-2.0, 2.0, (1,), np.float32)) is box_actions
 
 
-def test_step_actions_are_accepted_by_env_step():
+def test_step_actions_are_python_ints_for_discrete_spaces_and_step_the_env():
     env = make_env("CartPole-v1")
     try:
         env.reset(seed=0)
         [action] = step_actions(np.array([1]), env.action_space)
-        env.step(action)
+        assert type(action) is int and env.action_space.contains(action)
+        _, reward, *_ = env.step(action)
+        assert reward == 1.0
     finally:
         env.close()
+    box = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    actions = np.array([[0.5]], dtype=np.float32)
+    assert step_actions(actions, box) is actions  # continuous actions pass as they are
 
 
 def visited_observations(env_id: str, episodes: int = 2, steps: int = 60) -> list[np.ndarray]:
