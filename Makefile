@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup pipeline test
+.PHONY: setup pipeline test test-quick lock
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,18 @@ setup: $(INSTALLED)
 pipeline: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
+# The full suite, as CI runs it.
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# The quick tier for the edit loop (docs/testing.md): every package's unit tests, without the tests marked slow.
+test-quick: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow" --durations=5
+
+# After a change to code or params: re-runs only the stages it made stale, in this working copy, then lists what to
+# commit with the change (tests/test_dvc_lock.py fails while dvc.lock is stale).
+lock: pipeline
+	git status --short -- dvc.lock runs reports
 
 # d3rlpy pins another gymnasium than ray[rllib], so the quality table runs it from its own virtualenv.
 D3RLPY_VENV := .venv-d3rlpy
@@ -33,7 +43,8 @@ $(D3RLPY_VENV)/.installed: benchmarks/requirements-d3rlpy.lock
 quality-table: setup $(D3RLPY_VENV)/.installed
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/quality_table.py $(ARGS)
 
-# The full dataset suite and learner matrix that benchmarks/README.md reports (outputs under benchmarks/suite/).
+# The full dataset suite and learner matrix that benchmarks/README.md reports: a DVC project of its own in
+# benchmarks/suite/ (the root's stages, its own params.yaml and outputs), so the quick tour's `dvc status` never lists it.
 .PHONY: suite
 suite: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro benchmarks/suite/dvc.yaml
+	cd benchmarks/suite && PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro

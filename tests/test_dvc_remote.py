@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import S3_ENV
+
+pytestmark = pytest.mark.slow  # a DVC remote on the S3-compatible server
 
 
 def dvc(*args: str, cwd: Path) -> str:

@@ -11,11 +11,14 @@ import sys
 import time
 
 import psutil
+import pytest
 import yaml
 
 import dataset_format as dataset
 from tests.collectors.test_collect import file_hashes
 from tests.conftest import REPO, kill_group, orl
+
+pytestmark = pytest.mark.slow  # collections killed midway
 
 
 def write_params(workdir, datasets: dict, collect: dict):

@@ -136,6 +136,7 @@ def import_config_dict(config: ImportConfig) -> dict:
     return {key: value for key, value in asdict(config).items() if value not in (None, "")}
 
 
+@pytest.mark.slow  # trains, then evaluates
 def test_a_log_without_a_simulator_trains_and_evaluation_says_why_it_skips(log_dir):
     write_params(log_dir, {"shop-log": import_config_dict(NO_ENV)})
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{log_dir / 'mlflow.db'}"}

@@ -43,6 +43,7 @@ def in_store(minari_store, monkeypatch):
     return minari_store
 
 
+@pytest.mark.slow  # imports, then trains
 def test_a_minari_dataset_becomes_ours_and_trains_bc(in_store, tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
         "datasets": {},

@@ -18,6 +18,8 @@ from evaluation.config import EvaluateConfig
 from training.config import OnlinePolicyConfig
 from training.online import latest_mean, train_online
 
+pytestmark = pytest.mark.slow  # PPO trained online
+
 EVALUATE = EvaluateConfig()
 # Small PPO iterations, so the target is checked often.
 TINY = dict(env="CartPole-v1", seed=0, batch_size=1000, minibatch_size=100, epochs=5, score_episodes=10)

@@ -1,0 +1,132 @@
+"""`orl ope` and `orl select` on tiny trained runs: estimates with intervals, MLflow metrics, the registry alias,
+and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from common.errors import UserError
+from evaluation.config import EvaluateConfig, OPEConfig
+from evaluation.ope import ope
+from evaluation.references import reference_path
+from interop.config import ColumnMapping, ImportConfig, SpaceConfig
+from interop.importing import import_dataset
+from tests.conftest import REPO, assert_user_error, orl
+
+pytestmark = pytest.mark.slow  # two trainings, then `orl ope` and `orl select` on them
+
+DATASET = "cartpole-expert"
+
+
+@pytest.fixture(scope="module")
+def project(expert_dataset, tmp_path_factory) -> Path:
+    """A working directory with the expert data, BC and DQN trained on it for a few updates each, and references
+    for the evaluation seeds (their numbers only set the units)."""
+    root = tmp_path_factory.mktemp("ope")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for algo in ("bc", "dqn"):
+        params["algos"][algo].update(iterations=2, updates_per_iteration=5, hidden_layers=[32])
+    params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    shutil.copytree(expert_dataset, root / "datasets" / DATASET)
+    evaluate = EvaluateConfig(**params["evaluate"])
+    reference = {"env_id": "CartPole-v1", "seed": evaluate.seed, "episodes": evaluate.episodes,
+                 "random": {"mean": 22.0}, "expert": {"mean": 500.0}}
+    reference_path(root / "references", "CartPole-v1").parent.mkdir()
+    reference_path(root / "references", "CartPole-v1").write_text(json.dumps(reference))
+    for algo in ("bc", "dqn"):
+        trained = orl("train", "--algo", algo, "--dataset", f"datasets/{DATASET}", "--out", f"runs/{algo}", cwd=root,
+                      timeout=600)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+    return root
+
+
+def tracking(project: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+
+
+@pytest.fixture(scope="module")
+def estimated(project) -> dict[str, dict]:
+    """`orl ope` of both runs on their dataset: ope.json by algorithm."""
+    results = {}
+    for algo in ("bc", "dqn"):
+        result = orl("ope", f"runs/{algo}", "--dataset", f"datasets/{DATASET}", cwd=project)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"[ope {algo}] fqe: " in result.stderr
+        results[algo] = json.loads((project / "runs" / algo / "ope.json").read_text())
+    return results
+
+
+def test_ope_estimates_each_estimator_inside_its_interval_in_normalized_units(estimated):
+    for algo, output in estimated.items():
+        assert output["dataset"] == DATASET and output["units"] == "normalized score"
+        assert output["episodes"]["estimated_on"] == output["episodes"]["total"] == 20  # no held-out split
+        for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
+            estimate = output["estimates"][name]
+            assert estimate["ci_low"] <= estimate["value"] <= estimate["ci_high"], (algo, name, estimate)
+
+
+def test_ope_logs_its_estimates_to_the_run(project, estimated):
+    client = tracking(project)
+    for algo, output in estimated.items():
+        run_id = json.loads((project / "runs" / algo / "run.json").read_text())["mlflow_run_id"]
+        run = client.get_run(run_id)
+        assert run.data.metrics["ope/fqe"] == pytest.approx(output["estimates"]["fqe"]["value"])
+        assert {"ope/fqe_ci_low", "ope/fqe_ci_high", "ope/wpdis", "ope/dr"} <= set(run.data.metrics)
+        assert run.data.tags["ope.dataset"] == DATASET
+
+
+def test_select_points_the_alias_at_the_run_with_the_best_estimate(project, estimated):
+    best = max(estimated, key=lambda algo: estimated[algo]["estimates"]["dr"]["value"])
+    result = orl("select", "--dataset", DATASET, "--by", "dr", cwd=project)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{DATASET}-ope-best -> models:/CartPole-v1-{best}/1" in result.stderr
+    version = tracking(project).get_model_version_by_alias(f"CartPole-v1-{best}", f"{DATASET}-ope-best")
+    assert version.run_id == json.loads((project / "runs" / best / "run.json").read_text())["mlflow_run_id"]
+
+
+def test_select_without_estimates_says_to_run_ope_first(project):
+    assert_user_error(orl("select", "--dataset", "nothing-here", "--by", "fqe", cwd=project),
+                      "no finished MLflow run trained on dataset 'nothing-here' has the metric ope/fqe",
+                      "run `orl ope`")
+
+
+def test_ope_refuses_data_of_another_task_in_one_line(project, tmp_path):
+    log = pd.DataFrame({"visitor": [0, 0, 1], "page": [0, 1, 0], "price": [1.0, 2.0, 3.0], "stock": 0.5,
+                        "offer": [1, 0, 2], "revenue": 1.0, "left": [False, True, True]})
+    log.to_csv(tmp_path / "shop.csv", index=False)
+    import_dataset("shop-log", ImportConfig(
+        format="csv", source=str(tmp_path / "shop.csv"),
+        observation_space=SpaceConfig(type="Box", low=[0.0, 0.0], high=[100.0, 1.0]),
+        action_space=SpaceConfig(type="Discrete", n=3),
+        columns=ColumnMapping(episode="visitor", step="page", obs=["price", "stock"], actions=["offer"],
+                              rewards="revenue", terminated="left")), tmp_path / "shop-log", file_bytes=2**20)
+    result = orl("ope", "runs/bc", "--dataset", str(tmp_path / "shop-log"), cwd=project)
+    assert_user_error(result, f"{tmp_path / 'shop-log'} holds data without an env but runs/bc was trained on "
+                      "CartPole-v1 episodes; pass a dataset of the same env")
+
+
+def test_ope_refuses_estimators_the_data_cannot_support_in_one_line(project, tmp_path):
+    # CartPole episodes logged without their behaviour policy's probabilities.
+    log = pd.DataFrame({"episode": [0, 0, 1], "step": [0, 1, 0], "x": [0.0, 0.01, 0.02], "v": 0.0, "a": 0.01,
+                        "w": 0.0, "push": [1, 0, 1], "reward": 1.0, "fell": [False, True, True]})
+    log.to_csv(tmp_path / "log.csv", index=False)
+    no_logp = import_dataset("no-logp", ImportConfig(
+        format="csv", source=str(tmp_path / "log.csv"), env="CartPole-v1",
+        columns=ColumnMapping(episode="episode", step="step", obs=["x", "v", "a", "w"], actions=["push"],
+                              rewards="reward", terminated="fell")), tmp_path / "no-logp", file_bytes=2**20)
+    assert not no_logp.has_action_logp
+    bc, references = project / "runs" / "bc", project / "references"
+    evaluate = EvaluateConfig(**yaml.safe_load((project / "params.yaml").read_text())["evaluate"])
+    with pytest.raises(UserError, match=r"^wpdis cannot evaluate .*bc on .*no-logp: no-logp has no action_logp "
+                                        r"column .*; use fqe$"):
+        ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(), evaluate, ["wpdis"])
+    with pytest.raises(UserError, match="held_out_fraction 0.9 leaves no episode of 2 to fit FQE on"):
+        ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(held_out_fraction=0.9), evaluate, ["fqe"])
