@@ -183,9 +183,11 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
 @contextmanager
 def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
     """Yields a Progress actor for `episodes_dataset`; meanwhile prints its totals on stderr whenever they change,
-    and at the end, on a cluster, the nodes that ran the episodes.
+    and at the end, on a cluster, the nodes that ran the episodes. It returns once the collector actors' CPUs are
+    free again (`wait_for_free_cpus`).
 
     The actor lives on the driver's node: a lost worker node must not take the count with it."""
+    free_cpus = ray.available_resources().get("CPU", 0.0)
     on_driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     progress = Progress.options(scheduling_strategy=on_driver_node).remote()
     started, done = time.monotonic(), threading.Event()
@@ -214,6 +216,17 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
         done.set()
         thread.join()
         ray.kill(progress)
+    wait_for_free_cpus(free_cpus)
+
+
+def wait_for_free_cpus(cpus: float, timeout_s: float = 30.0) -> None:
+    """Waits until `cpus` CPUs are free in Ray again, or `timeout_s` passed (another job may hold them). Ray Data
+    lets go of an actor pool's CPUs after its dataset is consumed, not before: a pool started meanwhile (evaluation
+    right after collection, the expert's references after the random policy's) would find none free, and Ray Data
+    warns that its job will hang."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def episodes_by_node(progress) -> dict[str, int]:

@@ -89,3 +89,11 @@ def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_
     np.testing.assert_array_equal(returns, local)
     assert len(set(returns.tolist())) > 1  # distinct episodes, not one repeated
     assert nodes == {ray.get_runtime_context().get_node_id(): 5}
+
+
+def test_rollouts_return_once_their_actors_cpus_are_free_again(ray_local):
+    # Else the next actor pool, started at once, finds no CPU free and Ray Data warns that its job will hang.
+    free = ray.available_resources()["CPU"]
+    for seed in range(3):
+        rollout_returns("CartPole-v1", PolicyConfig(kind="expert"), seed, 4, 2, label="cpus")
+        assert ray.available_resources().get("CPU", 0.0) == free
