@@ -1,12 +1,13 @@
 """Typed configuration of training and evaluation (the `train`, `algos`, `online_policies` and `evaluate` sections
 of params.yaml).
 
-These are the public knobs; `training/algorithms.py` maps them onto RLlib's configs.
+These are the public knobs; `training/algorithms/registry.py` maps them onto RLlib's configs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,15 +85,28 @@ class LearnerParams:
     def for_dataset(self, name: str) -> LearnerParams:
         """The hyper-parameters to train on dataset `name`: these, with its `per_dataset` values in place."""
         values = self.per_dataset.get(name, {})
+        hints = typing.get_type_hints(type(self))
         keys = [f.name for f in dataclasses.fields(self) if f.name != "per_dataset"]
         for key, value in values.items():
             if key not in keys:
                 raise ValueError(f"unknown key '{key}'; known keys: {', '.join(keys)}")
-            kind = type(getattr(self, key))
-            if type(value) is not kind and not (kind is float and type(value) is int):
-                raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
-        return dataclasses.replace(self, per_dataset={}, **{key: type(getattr(self, key))(value)
+            if not _is_a(hints[key], value):
+                raise ValueError(f"{key} must be {_type_name(hints[key])}, got {value!r}")
+        return dataclasses.replace(self, per_dataset={}, **{key: float(value) if hints[key] is float else value
                                                              for key, value in values.items()})
+
+
+def _is_a(tp, value) -> bool:
+    """`value` is of type `tp` (an int passes for a float, a bool for nothing else), list elements included."""
+    if typing.get_origin(tp) is list:
+        return isinstance(value, list) and all(_is_a(typing.get_args(tp)[0], item) for item in value)
+    return type(value) is tp or (tp is float and type(value) is int)
+
+
+def _type_name(tp) -> str:
+    """'a float', 'an int', 'a list of int'."""
+    name = f"list of {typing.get_args(tp)[0].__name__}" if typing.get_origin(tp) is list else tp.__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
 @dataclass(frozen=True)
