@@ -2,7 +2,7 @@
 
 This module imports neither torch nor RLlib, so the Ray Data workers that run these functions start quickly
 and stay small (each would otherwise import and hold both). RLlib's batch column names are written out here;
-tests/training/test_train_batches.py checks them against RLlib's `Columns`.
+tests/training/algorithms/test_train_batches.py checks them against RLlib's `Columns`.
 """
 
 from __future__ import annotations

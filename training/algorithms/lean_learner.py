@@ -5,7 +5,7 @@
   (nan and inf survive a sum): one op and one sync per update, where RLlib makes two per tensor
   (docs/algorithms.md). An update with a non-finite gradient is skipped (RLlib would zero those entries and
   step, which corrupts Adam's moments) and counted. It relies on the config's `torch_skip_nan_gradients=True`,
-  which in RLlib 2.60 turns both of RLlib's checks off (training/algorithms.py sets it).
+  which in RLlib 2.60 turns both of RLlib's checks off (training/algorithms/registry.py sets it).
 - Denormal floats are flushed to zero. As a cloned policy grows confident its gradients, and Adam's
   second moments, fall into the denormal range, where CPU float math is many times slower (measured in
   docs/algorithms.md).
