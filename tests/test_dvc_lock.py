@@ -11,7 +11,7 @@ import yaml
 
 from collectors.collect import collect
 from pipelines.params import load_params
-from tests.conftest import REPO
+from tests.conftest import PACKAGES, REPO
 from tracking import dvc_digest
 
 STAGE, NAME = "collect@cartpole-expert", "cartpole-expert"  # the quick tour's smallest dataset
@@ -38,8 +38,9 @@ def test_a_fresh_collection_has_the_locked_hash(ray_local, tmp_path):
 
 
 def stale_reasons(changes: list) -> list[str]:
-    """What in a stage's `dvc status --json` entry makes its lock stale: a changed command, params, or a dependency
-    modified or new. Missing files are not: a fresh clone has no datasets or runs until `dvc pull` or a repro."""
+    """What in a stage's `dvc status --json` entry makes its lock stale: a changed command, params, or code (a
+    package folder it depends on) modified or new. Data is not: a fresh clone has no datasets, and of runs/ only
+    the small files kept in git, until `dvc pull` or a repro."""
     reasons = []
     for change in changes:
         if isinstance(change, str):  # "changed command"
@@ -48,7 +49,7 @@ def stale_reasons(changes: list) -> list[str]:
         for path, state in change.get("changed deps", {}).items():
             if isinstance(state, dict):  # a params file: key -> modified, new or deleted
                 reasons.extend(f"{key} {how}" for key, how in state.items())
-            elif state != "deleted":
+            elif path.split("/")[0] in PACKAGES and state != "deleted":
                 reasons.append(f"{path} {state}")
     return reasons
 
@@ -66,8 +67,9 @@ def test_the_committed_lock_is_true_to_the_code_and_params():
                        f"{next(iter(stale.values()))}): run `make lock` and commit dvc.lock and what it changed")
 
 
-def test_stale_reasons_name_code_params_and_commands_but_not_missing_outputs():
-    deps = {"training": "modified", "datasets/x": "deleted", "params.yaml": {"algos.bc": "modified"}}
+def test_stale_reasons_name_code_params_and_commands_but_not_data():
+    deps = {"training": "modified", "datasets/x": "deleted", "runs": "modified",
+            "params.yaml": {"algos.bc": "modified"}}
     changes = [{"changed deps": deps}, {"changed outs": {"runs/bc-x/checkpoint": "deleted"}}, "changed command"]
     assert stale_reasons(changes) == ["training modified", "algos.bc modified", "changed command"]
     assert stale_reasons([{"changed deps": {"datasets/x": "deleted"}}, {"changed outs": {"runs/y": "deleted"}}]) == []
