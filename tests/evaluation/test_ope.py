@@ -3,6 +3,7 @@ and the one-line refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -16,9 +17,11 @@ from common.errors import UserError
 from evaluation.config import EvaluateConfig, OPEConfig
 from evaluation.ope import ope
 from evaluation.references import reference_path
-from interop.config import ColumnMapping, ImportConfig, SpaceConfig
+from interop.config import ColumnMapping, ImportConfig
 from interop.importing import import_dataset
 from tests.conftest import REPO, assert_user_error, orl
+from tests.evaluation.test_evaluate import REFERENCE
+from tests.interop.test_logs import NO_ENV, log_frame
 
 pytestmark = pytest.mark.slow  # two trainings, then `orl ope` and `orl select` on them
 
@@ -37,10 +40,9 @@ def project(expert_dataset, tmp_path_factory) -> Path:
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     shutil.copytree(expert_dataset, root / "datasets" / DATASET)
     evaluate = EvaluateConfig(**params["evaluate"])
-    reference = {"env_id": "CartPole-v1", "seed": evaluate.seed, "episodes": evaluate.episodes,
-                 "random": {"mean": 22.0}, "expert": {"mean": 500.0}}
-    reference_path(root / "references", "CartPole-v1").parent.mkdir()
-    reference_path(root / "references", "CartPole-v1").write_text(json.dumps(reference))
+    reference = reference_path(root / "references", "CartPole-v1")
+    reference.parent.mkdir()
+    reference.write_text(json.dumps({**REFERENCE, "seed": evaluate.seed, "episodes": evaluate.episodes}))
     for algo in ("bc", "dqn"):
         trained = orl("train", "--algo", algo, "--dataset", f"datasets/{DATASET}", "--out", f"runs/{algo}", cwd=root,
                       timeout=600)
@@ -98,16 +100,10 @@ def test_select_without_estimates_says_to_run_ope_first(project):
                       "run `orl ope`")
 
 
-def test_ope_refuses_data_of_another_task_in_one_line(project, tmp_path):
-    log = pd.DataFrame({"visitor": [0, 0, 1], "page": [0, 1, 0], "price": [1.0, 2.0, 3.0], "stock": 0.5,
-                        "offer": [1, 0, 2], "revenue": 1.0, "left": [False, True, True]})
-    log.to_csv(tmp_path / "shop.csv", index=False)
-    import_dataset("shop-log", ImportConfig(
-        format="csv", source=str(tmp_path / "shop.csv"),
-        observation_space=SpaceConfig(type="Box", low=[0.0, 0.0], high=[100.0, 1.0]),
-        action_space=SpaceConfig(type="Discrete", n=3),
-        columns=ColumnMapping(episode="visitor", step="page", obs=["price", "stock"], actions=["offer"],
-                              rewards="revenue", terminated="left")), tmp_path / "shop-log", file_bytes=2**20)
+def test_ope_refuses_data_of_another_task_in_one_line(project, expert_dataset, tmp_path):
+    log_frame(expert_dataset).to_csv(tmp_path / "log.csv", index=False)  # a log with no simulator behind it
+    import_dataset("shop-log", dataclasses.replace(NO_ENV, source=str(tmp_path / "log.csv")), tmp_path / "shop-log",
+                   file_bytes=2**20)
     result = orl("ope", "runs/bc", "--dataset", str(tmp_path / "shop-log"), cwd=project)
     assert_user_error(result, f"{tmp_path / 'shop-log'} holds data without an env but runs/bc was trained on "
                       "CartPole-v1 episodes; pass a dataset of the same env")
