@@ -6,7 +6,8 @@ else (no recording, no Parquet). The collector loop alone is what each collector
 in this process, without Ray. The plain loops run in parallel, one process per collector, show what this
 machine's cores give together. `orl collect` is timed end to end on a running Ray: actors started, every
 episode stepped, recorded, written to Parquet through Ray Data and validated. Behaviour policies: random,
-the env's heuristic expert, and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
+the env's heuristic expert (its ceiling in --params' `references`, else in the full suite's: a controller of
+examples/controllers.py), and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
 
     python benchmarks/collection_throughput.py --envs CartPole-v1 LunarLander-v3 --steps 200000
 """
@@ -25,11 +26,14 @@ from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.policies import build_policy
 from collectors.rollout import EpisodeRunner, episode_seeds
-from common.envs import env_spaces, make_env, step_actions
+from common.envs import EnvSpec, env_spaces, make_env, step_actions
+from common.errors import UserError
 from common.ray_runtime import start_ray
-from pipelines.params import load_params
+from pipelines.params import Params, load_params
 
 ROOT = Path(__file__).resolve().parent.parent
+SUITE_PARAMS = ROOT / "benchmarks" / "suite" / "params.yaml"  # the full suite's: a ceiling for each of its envs
+POLICIES = ("random", "expert", "neural")
 
 # Typical episode lengths under each policy, to ask `orl collect` for about --steps steps.
 EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, ("CartPole-v1", "neural"): 22,
@@ -37,31 +41,40 @@ EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, 
                  ("LunarLander-v3", "neural"): 95}
 
 
-def episodes_for(env_id: str, kind: str, steps: int) -> int:
-    return max(8, steps // EPISODE_STEPS[(env_id, kind)])
+def episodes_for(env: EnvSpec, kind: str, steps: int) -> int:
+    return max(8, steps // EPISODE_STEPS[(env.label, kind)])
 
 
-def neural_policy_dir(env_id: str, out: Path) -> Path:
+def expert_policy(env: EnvSpec, params: Params) -> PolicyConfig:
+    """The env's expert: the ceiling of its normalized score in `params`' references, or in the full suite's."""
+    for source in (params, load_params(SUITE_PARAMS)):
+        reference = source.references.get(env.label)
+        if reference is not None and reference.ceiling is not None:
+            return reference.ceiling
+    raise UserError(f"{env.label} has no expert: give it references.{env.label}.ceiling in --params")
+
+
+def neural_policy_dir(env: EnvSpec, out: Path) -> Path:
     """An untrained RLlib MLP module for the env, saved as `orl collect` loads trained ones."""
     from ray.rllib.algorithms.bc import BCConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    observation_space, action_space = env_spaces(env_id)
+    observation_space, action_space = env_spaces(env)
     config = BCConfig().environment(observation_space=observation_space, action_space=action_space).rl_module(
         model_config=DefaultModelConfig(fcnet_hiddens=[256, 256]))
     module = config.get_rl_module_spec().build()
-    module.save_to_path(out / env_id)
-    return out / env_id
+    module.save_to_path(out / env.label)
+    return out / env.label
 
 
-def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
+def plain_loop(env_spec: EnvSpec, policy_config: PolicyConfig, steps: int) -> float:
     """Steps/s of one environment stepped under the policy, one observation at a time, on one core."""
     import torch
 
     # One thread, as in a Ray worker with 1 CPU: several loops with a thread per core each would thrash.
     torch.set_num_threads(1)
-    env = make_env(env_id)
-    policy = build_policy(policy_config, env_id, env.action_space)
+    env = make_env(env_spec)
+    policy = build_policy(policy_config, env)
     episode, rng = 0, None
     obs, done = None, True
     started = time.perf_counter()
@@ -77,24 +90,24 @@ def plain_loop(env_id: str, policy_config: PolicyConfig, steps: int) -> float:
     return steps / (time.perf_counter() - started)
 
 
-def collector_loop(env_id: str, policy_config: PolicyConfig, episodes: int, num_envs: int) -> float:
+def collector_loop(env: EnvSpec, policy_config: PolicyConfig, episodes: int, num_envs: int) -> float:
     """Steps/s of one collector's loop, tables included, in this process (one thread, as in plain_loop)."""
-    runner = EpisodeRunner(env_id, policy_config, 0, num_envs)
+    runner = EpisodeRunner(env, policy_config, 0, num_envs)
     started = time.perf_counter()
     table = runner.run(list(range(episodes)))
     return table.num_rows / (time.perf_counter() - started)
 
 
-def parallel_plain_loops(env_id: str, policy_config: PolicyConfig, steps: int, processes: int) -> float:
+def parallel_plain_loops(env: EnvSpec, policy_config: PolicyConfig, steps: int, processes: int) -> float:
     """Total steps/s of `processes` plain loops running at once (each timed from its own first step)."""
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        return sum(pool.starmap(plain_loop, [(env_id, policy_config, steps)] * processes))
+        return sum(pool.starmap(plain_loop, [(env, policy_config, steps)] * processes))
 
 
-def orl_collect(env_id: str, policy_config: PolicyConfig, episodes: int, settings: CollectConfig) -> float:
+def orl_collect(env: EnvSpec, policy_config: PolicyConfig, episodes: int, settings: CollectConfig) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        card = collect("bench", DatasetConfig(env=env_id, episodes=episodes, seed=0, policy=policy_config),
+        card = collect("bench", DatasetConfig(env=env, episodes=episodes, seed=0, policy=policy_config),
                        settings, Path(tmp) / "bench")
         return card.transitions / (time.perf_counter() - started)
 
@@ -103,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
-    parser.add_argument("--policies", nargs="+", default=["random", "expert", "neural"])
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--steps", type=int, default=200_000, help="about this many steps per measurement")
     parser.add_argument("--collectors", type=int, nargs="+", default=None,
                         help="collector counts to compare (default: params.yaml's collect.num_collectors)")
@@ -116,22 +129,24 @@ def main() -> None:
             "| orl collect steps/s | ratio (÷ collectors × plain) | ÷ plain loops in parallel |",
             "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as modules:
-        for env_id in args.envs:
+        for env in map(EnvSpec.of, args.envs):
             for kind in args.policies:
                 if kind == "neural":
-                    policy = PolicyConfig(kind="model", model=str(neural_policy_dir(env_id, Path(modules))))
+                    policy = PolicyConfig(kind="model", model=str(neural_policy_dir(env, Path(modules))))
+                elif kind == "expert":
+                    policy = expert_policy(env, params)
                 else:
-                    policy = PolicyConfig(kind=kind)
+                    policy = PolicyConfig(kind="random")
                 single_core_steps = min(args.steps, 50_000)
-                plain = plain_loop(env_id, policy, single_core_steps)
-                alone = collector_loop(env_id, policy, episodes_for(env_id, kind, single_core_steps),
+                plain = plain_loop(env, policy, single_core_steps)
+                alone = collector_loop(env, policy, episodes_for(env, kind, single_core_steps),
                                        params.collect.envs_per_collector)
                 for count in counts:
                     settings = dataclasses.replace(params.collect, num_collectors=count)
-                    parallel = parallel_plain_loops(env_id, policy, args.steps // count, count)
-                    rate = orl_collect(env_id, policy, episodes_for(env_id, kind, args.steps), settings)
-                    rows.append(f"| {env_id} | {kind} | {count} | {plain:,.0f} | {alone:,.0f} ({alone / plain:.2f}) | "
-                                f"{parallel:,.0f} | {rate:,.0f} | "
+                    parallel = parallel_plain_loops(env, policy, args.steps // count, count)
+                    rate = orl_collect(env, policy, episodes_for(env, kind, args.steps), settings)
+                    rows.append(f"| {env.label} | {kind} | {count} | {plain:,.0f} | "
+                                f"{alone:,.0f} ({alone / plain:.2f}) | {parallel:,.0f} | {rate:,.0f} | "
                                 f"{rate / (count * plain):.2f} | {rate / parallel:.2f} |")
                     print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))

@@ -1,7 +1,8 @@
 """Trains one d3rlpy algorithm on one of our Parquet datasets and evaluates it; prints one JSON line.
 
 Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README.md), so it
-imports nothing from this project: the dataset is read with pyarrow alone, by the column names the dataset
+imports nothing from this project but common/envs.py (gymnasium alone), to make the environment as every stage
+does from the spec the card records: the dataset is read with pyarrow alone, by the column names the dataset
 card lists.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import d3rlpy
-import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +43,18 @@ def load(dataset_dir: Path):
         terminals=column("terminateds"), timeouts=column("truncateds"),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS,
     )
+
+
+def make_env(card: dict):
+    """The environment the card records (its `env_spec`; cards written before specs existed name an id alone)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # common/envs.py, without installing the project
+    from common.envs import EnvSpec
+    from common.envs import make_env as make
+
+    spec = EnvSpec.recorded(card["env_id"], card.get("env_spec"))
+    if spec is None:
+        raise SystemExit(f"dataset {card['name']} has no simulator to evaluate on")
+    return make(spec)
 
 
 def build(args, card: dict, discrete: bool):
@@ -98,7 +111,7 @@ def main() -> None:
     algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,
              experiment_name=None, with_timestamp=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory())
 
-    env = gym.make(card["env_id"])
+    env = make_env(card)
     returns = []
     for env_seed in args.eval_seeds:  # greedy policy, one episode per seed: the seeds our evaluation uses
         obs, _ = env.reset(seed=env_seed)

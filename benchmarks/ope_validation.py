@@ -30,13 +30,14 @@ from benchmarks.quality_table import CONTINUOUS_ALGOS, DISCRETE_ALGOS, train_our
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common import plots
+from common.errors import UserError
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
 from evaluation.config import ESTIMATORS
 from evaluation.estimators import Episodes
 from evaluation.ope import estimate_policy, split_episodes, undefined_estimators
-from evaluation.references import normalized_score, read_reference
+from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,11 @@ def main() -> None:
     for name in args.datasets:
         location = dataset.locate(args.datasets_dir / name)
         card = dataset.read_card(location)
-        reference = read_reference(args.references, card.env_id, params.evaluate)
+        if card.env is None:
+            raise UserError(f"{name} has no simulator to score its candidates on; leave it out of --datasets")
+        reference = read_reference(args.references, card.env.label, params.evaluate)
+        if CEILING not in reference:  # the truth and the estimates are normalized scores
+            raise UserError(f"{name}: {no_score_reason(card.env.label)}")
         fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), params.ope)
         estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
@@ -76,7 +81,7 @@ def main() -> None:
                         checkpoint = Path(tmp) / "checkpoint"
                         train_ours(algo, algo_params, Path(location.uri), seed, checkpoint)
                         acting = PolicyConfig(kind="model", model=str(checkpoint), greedy=True)  # as evaluated
-                        returns = rollout_returns(card.env_id, acting, params.evaluate.seed, params.evaluate.episodes,
+                        returns = rollout_returns(card.env, acting, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {label}").returns
                         policy = ModulePolicy(load_rl_module(checkpoint), action_space, greedy=acting.greedy)
                         estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,

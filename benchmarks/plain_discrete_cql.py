@@ -15,7 +15,6 @@ import argparse
 import copy
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,7 +23,8 @@ from torch import nn
 
 import dataset_format as dataset
 from collectors.rollout import episode_seeds
-from evaluation.references import normalized_score, read_reference
+from common.envs import EnvSpec, make_env
+from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.batch_columns import ACTIONS, NEXT_OBS, OBS, REWARDS, TERMINATEDS, with_n_step
 
@@ -63,8 +63,8 @@ def train(columns: dict[str, torch.Tensor], actions: int, args, seed: int) -> nn
     return q
 
 
-def mean_return(q: nn.Module, env_id: str, seeds: list[int]) -> float:
-    env, returns = gym.make(env_id), []
+def mean_return(q: nn.Module, env_spec: EnvSpec, seeds: list[int]) -> float:
+    env, returns = make_env(env_spec), []
     for env_seed in seeds:
         obs, _ = env.reset(seed=env_seed)
         done, total = False, 0.0
@@ -100,12 +100,16 @@ def main() -> None:
     mapped = with_n_step(dataset.read_table(dataset_dir), n=1, gamma=args.gamma)
     columns = {name: torch.as_tensor(np.array(mapped[f"{DEFAULT_MODULE_ID}/{name}"]))
                for name in (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)}
-    reference = read_reference(args.references, card.env_id, params.evaluate)
+    if card.env is None:
+        raise SystemExit(f"{args.dataset} has no simulator to evaluate on")
+    reference = read_reference(args.references, card.env.label, params.evaluate)
+    if CEILING not in reference:
+        raise SystemExit(f"{args.dataset}: {no_score_reason(card.env.label)}")
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     scores = []
     for seed in args.seeds:
         q = train(columns, card.spaces[1].n, args, seed)
-        scores.append(normalized_score(mean_return(q, card.env_id, eval_seeds), reference))
+        scores.append(normalized_score(mean_return(q, card.env, eval_seeds), reference))
         print(f"{args.dataset} seed {seed}: normalized {scores[-1]:.1f}", flush=True)
     print(f"{args.dataset}: {np.mean(scores):.1f} ± {np.std(scores):.1f} over seeds {args.seeds}")
 

@@ -40,7 +40,7 @@ from collectors.rollout import episode_seeds, rollout_returns
 from common.errors import UserError
 from common.ray_runtime import start_ray
 from evaluation.evaluate import measure_references
-from evaluation.references import normalized_score, read_reference
+from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.registry import (
     ALGORITHMS,
@@ -192,11 +192,15 @@ def main() -> None:
     for name in args.datasets or list(params.all_datasets):
         dataset_dir = args.datasets_dir / name
         card = dataset.read_card(dataset_dir)
+        if card.env is None:
+            raise UserError(f"{name} has no simulator to evaluate its learners on; leave it out of --datasets")
         try:
-            reference = read_reference(args.references, card.env_id, params.evaluate)
+            reference = read_reference(args.references, card.env.label, params.evaluate)
         except UserError:  # not measured by the pipeline yet: measure it here, on the same seeds
-            measure_references([card.env_id], params.evaluate, args.references)
-            reference = read_reference(args.references, card.env_id, params.evaluate)
+            measure_references([card.env], params.references, params.evaluate, args.references)
+            reference = read_reference(args.references, card.env.label, params.evaluate)
+        if CEILING not in reference:
+            raise UserError(f"{name}: {no_score_reason(card.env.label)}; the quality table compares normalized scores")
         discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
         kept = results.get(name, {}).get("scores", {})
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
@@ -225,7 +229,7 @@ def main() -> None:
                         train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint")
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)
-                        returns = rollout_returns(card.env_id, policy, params.evaluate.seed, params.evaluate.episodes,
+                        returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
                 score = normalized_score(float(np.mean(returns)), reference)
                 entry["scores"][column].append(score)

@@ -8,26 +8,31 @@ from pathlib import Path
 
 import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig
-from collectors.policies import build_policy, knows_logp
+from collectors.policies import build_policy
 from collectors.rollout import episodes_dataset, progress_lines
 from common.code_version import code_version, library_versions
-from common.envs import env_spaces
+from common.envs import make_env
 
-# The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders.
-COLLECTION_CODE = ("collectors", "common", "dataset_format")
+# The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders (examples: the
+# controllers that params.yaml names as behaviour policies).
+COLLECTION_CODE = ("collectors", "common", "dataset_format", "examples")
 
 
 def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | Path) -> dataset.DatasetCard:
     """Collects the dataset `spec` describes to `out`, a local directory or an s3://bucket/prefix."""
     out = dataset.refuse_existing(out)  # before any work, not after
-    observation_space, action_space = env_spaces(spec.env)
-    build_policy(spec.policy, spec.env, action_space)  # a bad model path or URI fails here, before the actors
-    with_logp = knows_logp(spec.policy, action_space)
+    env = make_env(spec.env)
+    try:  # a bad model path or URI, or a broken callable, fails here, before the actors
+        with_logp = build_policy(spec.policy, env).with_logp
+        observation_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
     n = settings.episodes_per_task
     tasks = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
     card = dataset.DatasetCard(
         name=name,
-        env_id=spec.env,
+        env_id=spec.env.label,
+        env_spec=spec.env.to_dict(),
         observation_space=dataset.space_to_dict(observation_space),
         action_space=dataset.space_to_dict(action_space),
         behavior_policy=dataclasses.asdict(spec.policy),
@@ -39,7 +44,7 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | 
         files=[],
         columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
         code_version=code_version(COLLECTION_CODE),
-        library_versions=library_versions(),
+        library_versions={**library_versions(), **spec.env.provider_versions()},
     )
     with progress_lines(f"collect {name}", spec.episodes) as progress:
         transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,

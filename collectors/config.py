@@ -5,18 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.checks import require_positive
+from common.envs import EnvSpec
 
-POLICY_KINDS = ("random", "expert", "mixture", "model")
-
+POLICY_KINDS = ("random", "callable", "mixture", "model")
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     """A behaviour policy."""
 
-    kind: str = "expert"
-    """random | expert (the env's hand-written controller) | mixture (expert, but a uniformly random action
-    with probability `epsilon`) | model (a policy trained by `orl train`)."""
+    kind: str = "random"
+    """random (uniform over the action space) | callable (your controller, `callable`) | mixture (`base`, but a
+    uniformly random action with probability `epsilon`) | model (a policy trained by `orl train`)."""
+    callable: str = ""
+    """For `callable`: `package.module:function`, taking a batch of observations (one row per environment) and
+    returning a batch of actions, or (actions, log-probabilities) to fill the `action_logp` column
+    (collectors/policies.py's `CallablePolicy`; examples/controllers.py has four)."""
+    base: PolicyConfig | None = None
+    """For `mixture`: the policy it mixes with random actions (any kind but `mixture`)."""
     epsilon: float = 0.0
     """For `mixture`: probability of a random action at each step, in [0, 1]."""
     model: str = ""
@@ -24,10 +30,10 @@ class PolicyConfig:
     greedy: bool = False
     """For `model`: take the most likely action instead of sampling from the policy."""
     action_noise: float = 0.0
-    """For `expert` and `mixture` on continuous actions: standard deviation of Gaussian noise added to the
-    expert's action, as a fraction of half the action range, then clipped to the bounds. The data then shows the
-    expert correcting deviations from its own path, which a clone needs (DART; D4RL's expert data comes from a
-    policy that samples its actions). 0 keeps the expert deterministic."""
+    """For `callable` on continuous actions: standard deviation of Gaussian noise added to the controller's
+    action, as a fraction of half the action range, then clipped to the bounds. The data then shows the
+    controller correcting deviations from its own path, which a clone needs (DART; D4RL's expert data comes from
+    a policy that samples its actions). 0 keeps the controller as it is."""
     random_episodes: float = 0.0
     """Fraction of episodes, drawn per episode, that the uniform random policy runs from start to end instead:
     D4RL-style mixed data (e.g. a medium policy's episodes plus random ones). In [0, 1]."""
@@ -39,20 +45,25 @@ class PolicyConfig:
             raise ValueError(f"epsilon {self.epsilon} is out of range; use a value in [0, 1]")
         if self.action_noise < 0.0:
             raise ValueError(f"action_noise {self.action_noise} is negative; use 0 (none) or a positive std")
-        if self.action_noise and self.kind not in ("expert", "mixture"):
-            raise ValueError(f"action_noise applies to kinds 'expert' and 'mixture', not '{self.kind}'")
+        if self.action_noise and self.kind != "callable":
+            raise ValueError(f"action_noise applies to kind 'callable' (a mixture's `base`), not '{self.kind}'")
         if not 0.0 <= self.random_episodes <= 1.0:
             raise ValueError(f"random_episodes {self.random_episodes} is out of range; use a value in [0, 1]")
         if self.kind == "model" and not self.model:
             raise ValueError("kind 'model' needs `model`: a checkpoint directory or an MLflow model URI")
+        if self.kind == "callable" and ":" not in self.callable:
+            raise ValueError(f"kind 'callable' needs `callable: package.module:function`, got '{self.callable}'")
+        if self.kind == "mixture" and (self.base is None or self.base.kind == "mixture"):
+            raise ValueError("kind 'mixture' needs `base`, the policy it mixes with random actions (not a mixture)")
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
     """One dataset to collect."""
 
-    env: str
-    """Gymnasium environment id, e.g. CartPole-v1."""
+    env: EnvSpec
+    """The environment: a Gymnasium id (CartPole-v1), or a mapping with an entry point, kwargs, modules to import,
+    wrappers and a time limit (common/envs.py's `EnvSpec`)."""
     episodes: int
     """Number of whole episodes to collect."""
     seed: int
@@ -61,6 +72,7 @@ class DatasetConfig:
     """The behaviour policy."""
 
     def __post_init__(self):
+        object.__setattr__(self, "env", EnvSpec.of(self.env))
         require_positive(self, "episodes")
 
 

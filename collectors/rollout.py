@@ -20,8 +20,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collectors.config import PolicyConfig
-from collectors.policies import Policy, RandomPolicy, build_policy, knows_logp, worker_env_vars
-from common.envs import make_env, step_actions
+from collectors.policies import Policy, RandomPolicy, build_policy, worker_env_vars
+from common.envs import EnvSpec, make_env, step_actions
 from common.trained_policy import is_mlflow_uri
 from dataset_format import Col, arrow_schema, episode_stats, transitions_table
 
@@ -43,13 +43,13 @@ class EpisodeRunner:
     `policy_config` describes, already built (`orl train-online` scores the module it is training).
     """
 
-    def __init__(self, env_id: str, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None,
+    def __init__(self, env: EnvSpec, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None,
                  policy: Policy | None = None):
-        self.envs = [make_env(env_id) for _ in range(num_envs)]
+        self.envs = [make_env(env) for _ in range(num_envs)]
         action_space = self.envs[0].action_space
-        self.with_logp = knows_logp(policy_config, action_space)
+        self.policy = policy or build_policy(policy_config, self.envs[0])
+        self.with_logp = self.policy.with_logp
         self.schema = arrow_schema(self.envs[0].observation_space, action_space, self.with_logp)
-        self.policy = policy or build_policy(policy_config, env_id, action_space)
         self.random_policy = RandomPolicy(action_space)
         self.random_episodes = policy_config.random_episodes
         self.seed = seed
@@ -158,7 +158,7 @@ class Progress:
         return by_node
 
 
-def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
+def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
                      num_collectors: int, num_envs: int, progress) -> ray.data.Dataset:
     """A lazy Ray Dataset of the transitions of every task's episodes, in task order, run by a pool of
     `num_collectors` actors (1 CPU each). A collector that dies is restarted and its task re-run; episodes are
@@ -175,7 +175,7 @@ def episodes_dataset(env_id: str, policy_config: PolicyConfig, seed: int, tasks:
     queued = max(1, min(8, len(tasks) // (4 * pool_size)))
     collectors = ray.data.ActorPoolStrategy(size=pool_size, max_tasks_in_flight_per_actor=queued)
     return ray.data.from_items([{TASK_EPISODES: task} for task in tasks], override_num_blocks=len(tasks)).map_batches(
-        EpisodeRunner, fn_constructor_args=(env_id, policy_config, seed, num_envs, progress), batch_size=1,
+        EpisodeRunner, fn_constructor_args=(env, policy_config, seed, num_envs, progress), batch_size=1,
         batch_format="pyarrow", compute=collectors, num_cpus=1,
         **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
 
@@ -252,7 +252,7 @@ class Rollouts(NamedTuple):
     """How many episodes each Ray node ran, by node id."""
 
 
-def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
+def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
                     label: str) -> Rollouts:
     """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation).
 
@@ -260,7 +260,7 @@ def rollout_returns(env_id: str, policy_config: PolicyConfig, seed: int, episode
     per_task = -(-episodes // (num_workers * TASKS_PER_WORKER))
     tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
     with progress_lines(label, episodes) as progress:
-        stats = episodes_dataset(env_id, policy_config, seed, tasks, num_workers, per_task, progress).select_columns(
+        stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress).select_columns(
             [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
         nodes = episodes_by_node(progress)

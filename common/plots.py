@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -40,14 +41,15 @@ def return_distributions(returns: dict[str, list[float]], references: dict[str, 
 
 
 def scores(rows: list[dict], path: Path) -> Path:
-    """Grouped bars: normalized score per dataset, one bar per algorithm (and the behaviour policy)."""
+    """Grouped bars: normalized score per dataset, one bar per algorithm (and the behaviour policy); none where a
+    run has no score (its env has no ceiling reference)."""
     datasets = sorted({r["dataset"] for r in rows})
     algos = sorted({r["algo"] for r in rows})
     fig, ax = plt.subplots(figsize=(max(6, 2 * len(datasets)), 4))
     width = 0.8 / len(algos)
     for i, algo in enumerate(algos):
-        values = [next((r["normalized_score"] for r in rows if r["dataset"] == d and r["algo"] == algo), 0.0)
-                  for d in datasets]
+        scored = {r["dataset"]: r["normalized_score"] for r in rows if r["algo"] == algo}
+        values = [math.nan if scored.get(d) is None else scored[d] for d in datasets]
         ax.bar([x + i * width for x in range(len(datasets))], values, width, label=algo)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(datasets))], datasets, fontsize=8)
     ax.axhline(100, linestyle="--", color="grey")

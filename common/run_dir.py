@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.envs import EnvSpec
+
 # The learning curve's column with each algorithm's main loss (algorithms.curve_loss), so one plot spec
 # (dvc.yaml's `y: loss`) fits all runs.
 CURVE_METRIC = "loss"
@@ -74,6 +76,11 @@ class RunDir:
 
     def info(self) -> dict:
         return json.loads(self.run_info.read_text())
+
+    def env(self) -> EnvSpec | None:
+        """The environment of the run's dataset (None: data without a simulator)."""
+        info = self.info()
+        return EnvSpec.recorded(info["env_id"], info.get("env_spec"))
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -29,6 +29,9 @@ class ModulePolicy:
         self.module = module
         self.space = action_space
         self.greedy = greedy
+        # Its distribution over discrete actions; a Box's clipped samples have no density.
+        self.with_logp = isinstance(action_space, gym.spaces.Discrete)
+        self.deterministic = greedy
         self.squashed = issubclass(module.get_inference_action_dist_cls(), TorchSquashedGaussian)
 
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
@@ -89,7 +92,8 @@ class MLflowPolicy:
         except Exception as err:  # MLflow raises several types for a URI it cannot resolve
             raise UserError(f"cannot load MLflow model '{uri}' ({type(err).__name__}); check the URI and "
                             "MLFLOW_TRACKING_URI") from None
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.discrete = self.with_logp = isinstance(action_space, gym.spaces.Discrete)
+        self.deterministic = True  # greedy actions
 
     def act(self, obs, rngs, envs):
         actions = np.asarray(self.model.predict(obs.astype(np.float32)))

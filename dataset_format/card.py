@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
+from common.envs import EnvSpec
 from common.errors import UserError
 from dataset_format.location import Location, locate
 from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict
@@ -29,8 +30,9 @@ class DatasetCard:
 
     name: str
     env_id: str | None
-    """The gymnasium environment that evaluates policies trained on it; None for data without a simulator
-    (imported with declared spaces): such a dataset trains, and the stages that run the environment skip it."""
+    """The name of the environment that evaluates policies trained on it (its spec's `label`); None for data
+    without a simulator (imported with declared spaces): such a dataset trains, and the stages that run the
+    environment skip it."""
     observation_space: dict
     action_space: dict
     behavior_policy: dict
@@ -44,6 +46,10 @@ class DatasetCard:
     files: list[dict]
     code_version: str
     library_versions: dict
+    env_spec: dict | None = None
+    """How to make that environment (common/envs.py's `EnvSpec`, as params.yaml gave it); cards written before
+    specs existed name a registered id in `env_id` alone. `library_versions` has the versions of the packages
+    that provide it."""
     source: dict | None = None
     """Where imported data came from (`orl datasets import`): its format, path or Minari id, column mapping and
     the source's own metadata. None for data collected here."""
@@ -52,6 +58,11 @@ class DatasetCard:
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return space_from_dict(self.observation_space), space_from_dict(self.action_space)
+
+    @property
+    def env(self) -> EnvSpec | None:
+        """The environment the data comes from, made with `common.envs.make_env`; None without a simulator."""
+        return EnvSpec.recorded(self.env_id, self.env_spec)
 
     @property
     def task(self) -> str:

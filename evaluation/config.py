@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collectors.config import PolicyConfig
 from common.checks import require_layer_sizes, require_positive
 
 
@@ -25,6 +26,28 @@ class EvaluateConfig:
 
     def __post_init__(self):
         require_positive(self, "episodes", "num_workers")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """An environment's references for the normalized score, D4RL's: 100 * (R - floor) / (ceiling - floor). Each
+    is a policy's mean return on the evaluation seeds (`orl reference` runs it), or a fixed return."""
+
+    floor: PolicyConfig = field(default_factory=PolicyConfig)
+    """The policy that scores 0: uniform random unless given."""
+    ceiling: PolicyConfig | None = None
+    """The policy that scores 100, e.g. an expert controller (`kind: callable`). Without it (or `ref_max`) there
+    is no normalized score: evaluation, the report and MLflow show raw returns and say why."""
+    ref_min: float | None = None
+    """A fixed return that scores 0, instead of running `floor` (D4RL's REF_MIN_SCORE)."""
+    ref_max: float | None = None
+    """A fixed return that scores 100, instead of running `ceiling` (D4RL's REF_MAX_SCORE)."""
+
+    def __post_init__(self):
+        if self.ceiling is not None and self.ref_max is not None:
+            raise ValueError("give the ceiling as a policy (`ceiling`) or a return (`ref_max`), not both")
+        if None not in (self.ref_min, self.ref_max) and self.ref_max <= self.ref_min:
+            raise ValueError(f"ref_max {self.ref_max} must exceed ref_min {self.ref_min}")
 
 
 # Off-policy estimators, by the name `orl ope --estimators`, `orl select --by` and MLflow's `ope/NAME` use.

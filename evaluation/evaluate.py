@@ -12,24 +12,38 @@ import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common import plots
+from common.envs import EnvSpec
 from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
 from dataset_format import summarize
-from evaluation.config import EvaluateConfig
-from evaluation.references import REFERENCE_POLICIES, normalized_score, read_reference, reference_path
+from evaluation.config import EvaluateConfig, ReferenceConfig
+from evaluation.references import (
+    CEILING,
+    FLOOR,
+    no_score_reason,
+    normalized_score,
+    read_reference,
+    reference_path,
+    reference_returns,
+)
 
 
-def measure_references(env_ids: list[str], config: EvaluateConfig, references_dir: str | Path) -> None:
-    """Writes references/ENV.json: random and expert returns on the evaluation seeds."""
-    for env_id in sorted(set(env_ids)):
-        result = {"env_id": env_id, "seed": config.seed, "episodes": config.episodes}
-        for kind in REFERENCE_POLICIES:
-            rollouts = rollout_returns(env_id, PolicyConfig(kind=kind), config.seed, config.episodes,
-                                       config.num_workers, label=f"reference {env_id} {kind}")
-            result[kind] = summarize(rollouts.returns)
-        write_json(reference_path(Path(references_dir), env_id), result)
-        print(f"[reference {env_id}] random {result['random']['mean']:.1f}, expert {result['expert']['mean']:.1f}",
-              file=sys.stderr)
+def measure_references(envs: list[EnvSpec], references: dict[str, ReferenceConfig], config: EvaluateConfig,
+                       references_dir: str | Path) -> None:
+    """Writes references/ENV.json for each env: its floor and ceiling returns on the evaluation seeds."""
+    for env in sorted(envs, key=lambda e: e.label):
+        given = references.get(env.label, ReferenceConfig())
+        result = {"env_id": env.label, "seed": config.seed, "episodes": config.episodes}
+        for name, fixed, policy in ((FLOOR, given.ref_min, given.floor), (CEILING, given.ref_max, given.ceiling)):
+            if fixed is not None:
+                result[name] = {"mean": fixed, "given": True}
+            elif policy is not None:
+                rollouts = rollout_returns(env, policy, config.seed, config.episodes, config.num_workers,
+                                           label=f"reference {env.label} {name}")
+                result[name] = summarize(rollouts.returns)
+        write_json(reference_path(Path(references_dir), env.label), result)
+        ceiling = f"{result[CEILING]['mean']:.1f}" if CEILING in result else "none (raw returns)"
+        print(f"[reference {env.label}] random {result[FLOOR]['mean']:.1f}, expert {ceiling}", file=sys.stderr)
 
 
 def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateConfig) -> dict:
@@ -39,30 +53,36 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     if not run.run_info.is_file():
         raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
     info = run.info()
-    if info["env_id"] is None:
+    env = run.env()
+    if env is None:
         return _no_simulator(run, info)
-    reference = read_reference(references_dir, info["env_id"], config)
+    reference = read_reference(references_dir, env.label, config)
     tracking.connect()  # before the episodes, so an unreachable server fails fast
     sampled = config.sample_actions and info["policy_is_distribution"]
     actions = "sampled" if sampled else "greedy"
     policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
-    returns, nodes = rollout_returns(info["env_id"], policy, config.seed, config.episodes, config.num_workers,
+    returns, nodes = rollout_returns(env, policy, config.seed, config.episodes, config.num_workers,
                                      label=f"evaluate {run.path.name}")
     stats = summarize(returns)
     metrics = {f"return_{k}": v for k, v in stats.items()}
-    metrics["normalized_score"] = normalized_score(stats["mean"], reference)
+    score = normalized_score(stats["mean"], reference)
+    if score is not None:
+        metrics["normalized_score"] = score
     metrics["episodes"] = len(returns)
-    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled})
+    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled,
+                                  **({} if score is not None else {"no_normalized_score": no_score_reason(env.label)})})
     write_csv(run.eval_returns, [{"episode": i, "return": float(r)} for i, r in enumerate(returns)])
     plots.return_distributions({run.path.name: list(returns)},
-                               {k: reference[k]["mean"] for k in REFERENCE_POLICIES}, run.eval_returns_plot)
+                               reference_returns(reference), run.eval_returns_plot)
 
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
-        mlflow.set_tags({"eval.actions": actions, "eval.episodes_by_ray_node": json.dumps(nodes, sort_keys=True)})
+        mlflow.set_tags({"eval.actions": actions, "eval.episodes_by_ray_node": json.dumps(nodes, sort_keys=True),
+                         **({} if score is not None else {"eval.no_normalized_score": no_score_reason(env.label)})})
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")
-    print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± "
-          f"{stats['std']:.1f}, normalized score {metrics['normalized_score']:.1f}", file=sys.stderr)
+    scored = f"normalized score {score:.1f}" if score is not None else no_score_reason(env.label)
+    print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± {stats['std']:.1f}, {scored}",
+          file=sys.stderr)
     return metrics
 
 

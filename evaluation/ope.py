@@ -17,13 +17,14 @@ import numpy as np
 
 import dataset_format as dataset
 import tracking
+from common.envs import EnvSpec, time_limit
 from common.errors import UserError
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.config import DR, ESTIMATORS, FQE, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
-from evaluation.references import normalized_score, read_reference
+from evaluation.references import CEILING, normalized_score, read_reference
 
 # Rows of observations the policy sees at once: bounds memory on large datasets.
 POLICY_CHUNK = 65_536
@@ -45,7 +46,9 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
         if name in undefined:
             raise UserError(f"{name} cannot evaluate {run.path} on {location}: {undefined[name]}")
     wanted = [name for name in (estimators or ESTIMATORS) if name not in undefined]
-    reference = read_reference(references_dir, card.env_id, evaluate_config) if card.env_id else None
+    reference = read_reference(references_dir, card.env.label, evaluate_config) if card.env else None
+    if reference is not None and CEILING not in reference:  # no normalized score: estimates are returns
+        reference = None
 
     sampled = evaluate_config.sample_actions and info["policy_is_distribution"]
     policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
@@ -74,7 +77,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                     reference: dict | None, config: OPEConfig, estimators: list[str], label: str) -> dict:
     """The policy's value by each of `estimators` (which must apply), fitting FQE on `fit` and estimating on
     `held_out`, in normalized units where there is a `reference`."""
-    horizon = _horizon(card.env_id, fit, held_out)
+    horizon = _horizon(card.env, fit, held_out)
     print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, FQE fitted on {len(fit)}; horizon "
           f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
     action_space = card.spaces[1]
@@ -181,9 +184,9 @@ def split_episodes(episodes: Episodes, config: OPEConfig) -> tuple[Episodes, Epi
     return episodes.select(np.flatnonzero(~held_out)), episodes.select(np.flatnonzero(held_out))
 
 
-def _horizon(env_id: str | None, *episodes: Episodes) -> int:
-    """The env's time limit (the longest logged episode without an env, or when longer)."""
-    limit = gym.spec(env_id).max_episode_steps if env_id else None
+def _horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
+    """The env's time limit (the longest logged episode without an env or a limit, or when longer)."""
+    limit = time_limit(env) if env else None
     return int(max([limit or 0, *(e.lengths.max() for e in episodes)]))
 
 

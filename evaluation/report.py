@@ -11,7 +11,7 @@ from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
 from evaluation import ope_validation
-from evaluation.references import normalized_score, reference_path
+from evaluation.references import no_score_reason, normalized_score, reference_path
 
 BEHAVIOUR = "behaviour policy"
 
@@ -31,7 +31,7 @@ def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict
         algo = f"{info['algo']} (sampled)" if metrics.get("sampled_actions") else info["algo"]
         rows.append({"env_id": info["env_id"], "dataset": info["dataset"], "algo": algo,
                      "return_mean": metrics["return_mean"], "return_std": metrics["return_std"],
-                     "normalized_score": metrics["normalized_score"], "model": info["registered_model"]["uri"]})
+                     "normalized_score": metrics.get("normalized_score"), "model": info["registered_model"]["uri"]})
         curves[path.name] = read_csv(run.learning_curve)
         returns[path.name] = [r["return"] for r in read_csv(run.eval_returns)]
         if info["dataset"] not in seen_datasets:
@@ -58,8 +58,9 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| env | dataset | policy | return (mean ± std) | normalized score |", "|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["env_id"], r["dataset"], r["algo"] != BEHAVIOUR, r["algo"])):
         lines.append(f"| {r['env_id']} | {r['dataset']} | {r['algo']} | "
-                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | {r['normalized_score']:.1f} |")
-    return "\n".join(lines) + "\n"
+                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | {_cell(r['normalized_score'], 'n/a')} |")
+    unscored = sorted({r["env_id"] for r in rows if r["normalized_score"] is None})
+    return "\n".join(lines) + "\n" + "".join(f"\nn/a: {no_score_reason(env)}.\n" for env in unscored)
 
 
 def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -95,8 +96,8 @@ def ope_section(rows: list[dict], summary: dict) -> str:
     return text
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _cell(value: float | None, missing: str = "-") -> str:
+    return missing if value is None else f"{value:.1f}"
 
 
 def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path) -> Path:
@@ -114,7 +115,8 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
                        + table + "\n![scores](scores.png)\n![returns](returns.png)\n"
                        "![learning curves](learning_curves.png)\n"
                        + (ope_section(estimate_rows, validation) if estimate_rows else ""))
-    write_json(out_dir / "scores.json", {f"{r['dataset']}/{r['algo']}": round(r["normalized_score"], 2) for r in rows})
+    write_json(out_dir / "scores.json", {f"{r['dataset']}/{r['algo']}": round(r["normalized_score"], 2)
+                                         for r in rows if r["normalized_score"] is not None})
     write_json(out_dir / "ope.json", validation)
     if points:
         plots.estimates_against_truth(points, out_dir / "ope.png")

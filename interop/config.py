@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
-from common.envs import check_env_id
-from common.errors import UserError
+from common.envs import EnvSpec
 
 FORMATS = ("minari", "csv", "parquet")
 SPACE_TYPES = ("Discrete", "Box")
@@ -90,9 +89,9 @@ class ImportConfig:
     """minari: a Minari dataset's directory (the one holding `data/`), or an id in the local Minari store
     (MINARI_DATASETS_PATH); csv, parquet: a file, or a directory whose files (*.csv or *.parquet) are read in
     name order. dvc.yaml tracks it as the stage's dependency, so give a path there."""
-    env: str = ""
-    """The supported environment the data comes from, which evaluates policies trained on it (its spaces must be
-    the data's). Empty: the data has no simulator; the spaces come from the Minari dataset or the two below, and
+    env: EnvSpec | None = None
+    """The environment the data comes from, which evaluates policies trained on it (its spaces must be the
+    data's): a Gymnasium id or a spec (common/envs.py's `EnvSpec`). None: the data has no simulator; the spaces come from the Minari dataset or the two below, and
     the stages that run the environment (evaluate, reference) skip it."""
     observation_space: SpaceConfig | None = None
     """csv, parquet without `env`: the observation space."""
@@ -109,11 +108,8 @@ class ImportConfig:
             raise ValueError(f"format '{self.format}' is unknown; use one of {', '.join(FORMATS)}")
         if not self.source:
             raise ValueError("source is empty; name the file, directory or Minari dataset to import")
-        if self.env:
-            try:
-                check_env_id(self.env)
-            except UserError as err:
-                raise ValueError(f"env: {err}; or leave env empty for data without a simulator") from None
+        if self.env is not None:
+            object.__setattr__(self, "env", EnvSpec.of(self.env))
         declared = (self.observation_space, self.action_space)
         if self.format == "minari":
             if self.columns is not None or declared != (None, None):
@@ -123,7 +119,7 @@ class ImportConfig:
         if self.columns is None:
             raise ValueError(f"format {self.format} needs `columns`, the mapping of the log's columns")
         if self.env and declared != (None, None):
-            raise ValueError(f"the spaces come from env {self.env}; remove `observation_space` and `action_space`")
+            raise ValueError(f"the spaces come from env {self.env.label}; remove `observation_space` and `action_space`")
         if not self.env and None in declared:
             raise ValueError("without env, declare both `observation_space` and `action_space`")
         if self.observation_space is not None and self.observation_space.type != "Box":

@@ -29,7 +29,8 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
     source = _read(config)
     card = dataset.DatasetCard(
         name=name,
-        env_id=config.env or None,
+        env_id=config.env.label if config.env else None,
+        env_spec=config.env.to_dict() if config.env else None,
         observation_space=dataset.space_to_dict(source.observation_space),
         action_space=dataset.space_to_dict(source.action_space),
         behavior_policy={"kind": "logged", "description": config.behavior_policy or source.behavior},
@@ -41,7 +42,7 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
         files=[],
         columns=list(dataset.arrow_schema(source.observation_space, source.action_space, source.with_logp).names),
         code_version=code_version(IMPORT_CODE),
-        library_versions=library_versions(),
+        library_versions={**library_versions(), **(config.env.provider_versions() if config.env else {})},
         source={"format": config.format, "path": config.source, **source.metadata},
     )
     card = dataset.write_tables(_tables(source.episodes, card.schema()), out, card, file_bytes)

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 import dataset_format as dataset
-from common.envs import EXPERTS, env_spaces
+from common.envs import EnvSpec, env_spaces, make_env
 from common.errors import UserError
 from dataset_format import Col, episode_bounds
 from interop.config import ImportConfig
@@ -47,11 +47,11 @@ def read_minari(config: ImportConfig) -> Source:
         _refuse_space(config.source, "action", action_space)
     env_spec_id = data.env_spec.id if data.env_spec is not None else None
     if config.env:
-        if env_spec_id not in (None, config.env):
-            raise UserError(f"{config.source}: the Minari dataset was collected on {env_spec_id}, not {config.env}; "
-                            "name the right env, or leave env empty for data without a simulator")
+        if env_spec_id not in (None, config.env.id or config.env.label):
+            raise UserError(f"{config.source}: the Minari dataset was collected on {env_spec_id}, not "
+                            f"{config.env.label}; name the right env, or leave env empty for data without a simulator")
         _require_env_spaces(config, observation_space, action_space)
-    if not config.env and env_spec_id in EXPERTS:
+    if not config.env and env_spec_id in gym.registry:
         print(f"[import] {config.source} was collected on {env_spec_id}: set its `env: {env_spec_id}` in params.yaml "
               "to evaluate the policies trained on it", file=sys.stderr)
     metadata = data.storage.metadata
@@ -84,8 +84,18 @@ def _open(source: str):
 def _require_env_spaces(config: ImportConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
     for what, ours, theirs in zip(("observation", "action"), (observation_space, action_space), env_spaces(config.env)):
         if dataset.space_to_dict(ours) != dataset.space_to_dict(theirs):
-            raise UserError(f"{config.source}: the data's {what} space {ours} is not {config.env}'s {theirs}; "
+            raise UserError(f"{config.source}: the data's {what} space {ours} is not {config.env.label}'s {theirs}; "
                             "name the right env, or leave env empty for data without a simulator")
+
+
+def _gymnasium_spec(env: EnvSpec | None) -> gym.envs.registration.EnvSpec | None:
+    if env is None:
+        return None
+    made = make_env(env)
+    try:
+        return made.spec
+    finally:
+        made.close()
 
 
 def _refuse_space(source: str, what: str, space: gym.Space) -> None:
@@ -122,7 +132,8 @@ def _episodes(data, source: str, action_space: gym.Space):
 
 def export_minari(path: str, dataset_id: str) -> Path:
     """Writes the dataset at `path` to the local Minari store as `dataset_id`; returns its directory. The Minari
-    dataset names our env (so `recover_environment` works) when the card has one."""
+    dataset names our env, as gymnasium's spec of the made env with its wrappers (so `recover_environment`
+    works), when the card has one."""
     minari = _minari()
     from minari.data_collector import EpisodeBuffer
 
@@ -153,7 +164,7 @@ def export_minari(path: str, dataset_id: str) -> Path:
         with warnings.catch_warnings():  # Minari's advice to name an author, an e-mail and so on
             warnings.simplefilter("ignore", UserWarning)
             minari.create_dataset_from_buffers(
-                dataset_id, buffers(), env=card.env_id, observation_space=observation_space,
+                dataset_id, buffers(), env=_gymnasium_spec(card.env), observation_space=observation_space,
                 action_space=action_space, algorithm_name=json.dumps(card.behavior_policy, sort_keys=True),
                 description=f"{card.name}, exported from {path} by offline-rl-pipeline ({card.code_version})",
             )

@@ -63,7 +63,7 @@ def cmd_reference(args, params: Params) -> None:
     from evaluation.evaluate import measure_references
 
     start_ray(params.ray.num_cpus)
-    measure_references(params.simulated_env_ids, params.evaluate, args.out)
+    measure_references(params.simulated_envs, params.references, params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
@@ -117,8 +117,8 @@ def cmd_datasets_validate(args, params: None) -> None:
     from dataset_format import read_card, validate
 
     for path in args.paths:
-        env_id = read_card(path).env_id
-        card = validate(path, env_spaces(env_id) if env_id else None)  # the card's spaces must be the env's too
+        env = read_card(path).env
+        card = validate(path, env_spaces(env) if env else None)  # the card's spaces must be the env's too
         print(f"{path}: valid ({card.episodes} episodes, {card.transitions} transitions, {len(card.files)} files)")
 
 

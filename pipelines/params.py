@@ -12,10 +12,10 @@ import yaml
 
 from collectors.config import CollectConfig, DatasetConfig
 from common.checks import require_positive
-from common.envs import check_env_id
+from common.envs import EnvSpec
 from common.errors import UserError
 from common.trained_policy import is_mlflow_uri
-from evaluation.config import EvaluateConfig, OPEConfig
+from evaluation.config import EvaluateConfig, OPEConfig, ReferenceConfig
 from interop.config import ImportConfig
 from training.config import AlgosConfig, OnlinePolicyConfig, TrainConfig
 
@@ -52,14 +52,11 @@ class Params:
     algos: AlgosConfig = field(default_factory=AlgosConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     ope: OPEConfig = field(default_factory=OPEConfig)
+    references: dict[str, ReferenceConfig] = field(default_factory=dict)
+    """The normalized score's floor and ceiling, by environment name (an id, or a spec's `name`); an env left out
+    scores from a random floor and has no ceiling, so its results are raw returns."""
 
     def __post_init__(self):
-        for section in ("datasets", "policy_datasets", "online_policies"):
-            for name, spec in getattr(self, section).items():
-                try:
-                    check_env_id(spec.env)
-                except UserError as err:
-                    raise ValueError(f"{section}.{name}.env: {err}") from None
         for name, spec in self.policy_datasets.items():
             if name in self.datasets:
                 raise ValueError(f"policy_datasets.{name} is also under `datasets`; give it another name")
@@ -87,10 +84,11 @@ class Params:
         return self.online_policies[name]
 
     @property
-    def simulated_env_ids(self) -> list[str]:
-        """Every environment whose policies the pipeline evaluates (`orl reference` measures them)."""
-        return sorted({d.env for d in self.all_datasets.values()} | {p.env for p in self.online_policies.values()}
-                      | {i.env for i in self.imports.values() if i.env})
+    def simulated_envs(self) -> list[EnvSpec]:
+        """Every environment whose policies the pipeline evaluates (`orl reference` measures them), once each."""
+        envs = [d.env for d in self.all_datasets.values()] + [p.env for p in self.online_policies.values()] + [
+            i.env for i in self.imports.values() if i.env]
+        return list({env.label: env for env in envs}.values())
 
     def imported(self, name: str) -> ImportConfig:
         if name not in self.imports:
@@ -118,11 +116,12 @@ def _build(cls, data, source: str, where: str):
     if not isinstance(data, dict):
         raise UserError(f"{source}: {where or 'the file'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    # A field's key is its name, or the one its metadata gives (`import`, a Python keyword).
+    names = {f.metadata.get("key", f.name): f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
             raise UserError(f"{source}: unknown key '{_join(where, key)}'; known keys: {', '.join(names)}")
-    kwargs = {key: _coerce(hints[key], value, source, _join(where, key)) for key, value in data.items()}
+    kwargs = {names[key]: _coerce(hints[names[key]], value, source, _join(where, key)) for key, value in data.items()}
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
@@ -140,6 +139,8 @@ def _coerce(tp, value, source: str, where: str):
             return None
         (tp,) = [arg for arg in args if arg is not type(None)]
         return _coerce(tp, value, source, where)
+    if tp is EnvSpec and isinstance(value, str):  # the short form: a registered id
+        value = {"id": value}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, source, where)
     if origin is dict:

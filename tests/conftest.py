@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from common.envs import EnvSpec
 
 REPO = Path(__file__).resolve().parent.parent
 # Our packages, as floors, lowest first: each imports only those before it (tests/test_layers.py).
 PACKAGES = (
+    "examples",        # controllers that behaviour policies and references name from params.yaml: none of ours
     "common",          # errors, small checks, envs, Ray start-up: imports none of ours
     "dataset_format",  # the dataset format
     "tracking",        # MLflow runs and the policy's MLflow model, above the format
@@ -33,6 +35,28 @@ PACKAGES = (
     "pipelines",       # the `orl` command, on top
 )
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+# The hand-written controllers of examples/controllers.py as behaviour policies, and epsilon-mixtures of them.
+CARTPOLE_EXPERT = PolicyConfig(kind="callable", callable="examples.controllers:cartpole")
+CARTPOLE_CONTROLLER = {"kind": "callable", "callable": "examples.controllers:cartpole"}  # as params.yaml gives it
+ACROBOT_EXPERT = PolicyConfig(kind="callable", callable="examples.controllers:acrobot")
+PENDULUM_EXPERT = PolicyConfig(kind="callable", callable="examples.controllers:pendulum")
+
+
+def mixture(base: PolicyConfig, epsilon: float, **options) -> PolicyConfig:
+    return PolicyConfig(kind="mixture", base=base, epsilon=epsilon, **options)
+
+
+# A user's own simulator and controllers (tests/fixtures/user_code/corridor_sim), outside our packages.
+USER_CODE = REPO / "tests" / "fixtures" / "user_code"
+CORRIDOR = EnvSpec(entry_point="corridor_sim.env:CorridorEnv", kwargs={"length": 6}, max_episode_steps=30,
+                   name="Corridor")
+
+
+@pytest.fixture
+def user_code(monkeypatch):
+    """The user's package importable in this process, as PYTHONPATH makes it for `orl`."""
+    monkeypatch.syspath_prepend(str(USER_CODE))
 
 
 def _free_port() -> int:
@@ -65,7 +89,8 @@ def expert_dataset(ray_local, tmp_path_factory) -> Path:
     from collectors.collect import collect
 
     path = tmp_path_factory.mktemp("data") / "cartpole-expert"
-    collect("cartpole-expert", DatasetConfig(env="CartPole-v1", episodes=20, seed=3), TINY_COLLECT, path)
+    collect("cartpole-expert", DatasetConfig(env="CartPole-v1", episodes=20, seed=3, policy=CARTPOLE_EXPERT),
+            TINY_COLLECT, path)
     return path
 
 
@@ -74,7 +99,7 @@ def mixture_dataset(ray_local, tmp_path_factory) -> Path:
     from collectors.collect import collect
 
     path = tmp_path_factory.mktemp("data") / "cartpole-medium"
-    spec = DatasetConfig(env="CartPole-v1", episodes=12, seed=2, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    spec = DatasetConfig(env="CartPole-v1", episodes=12, seed=2, policy=mixture(CARTPOLE_EXPERT, 0.5))
     collect("cartpole-medium", spec, TINY_COLLECT, path)
     return path
 
@@ -85,7 +110,7 @@ def pendulum_dataset(ray_local, tmp_path_factory) -> Path:
     from collectors.collect import collect
 
     path = tmp_path_factory.mktemp("data") / "pendulum-medium"
-    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=mixture(PENDULUM_EXPERT, 0.5))
     collect("pendulum-medium", spec, CollectConfig(episodes_per_task=4), path)
     return path
 

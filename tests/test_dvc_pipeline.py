@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import dataset_format as dataset
-from tests.conftest import PACKAGES, REPO
+from tests.conftest import CARTPOLE_CONTROLLER, PACKAGES, REPO
 
 pytestmark = pytest.mark.slow  # the real `dvc repro` of a whole pipeline
 
@@ -39,7 +39,7 @@ def repo(tmp_path_factory) -> Path:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["datasets"] = {
         "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
-        "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": {"kind": "expert"}},
+        "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": CARTPOLE_CONTROLLER},
     }
     # Collected with the DQN the pipeline trains on the expert data: DVC must order train -> collect.
     params["policy_datasets"] = {"cartpole-learned": {

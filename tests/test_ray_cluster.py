@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from common.loopback_cluster import RayCluster, wait_for
-from tests.conftest import REPO, orl
+from tests.conftest import CARTPOLE_CONTROLLER, REPO, orl
 
 pytestmark = pytest.mark.slow  # a two-node Ray cluster
 
@@ -32,7 +32,7 @@ def write_params(directory: Path, episodes: int, **bc) -> Path:
     collectors, and BC on two learner actors with the `bc` overrides."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["collect"].update(num_collectors=2, envs_per_collector=4, episodes_per_task=25)
-    params["datasets"][DATASET] = {"env": "CartPole-v1", "episodes": episodes, "seed": 7, "policy": {"kind": "expert"}}
+    params["datasets"][DATASET] = {"env": "CartPole-v1", "episodes": episodes, "seed": 7, "policy": CARTPOLE_CONTROLLER}
     params["algos"]["bc"].update(num_learners=2, **bc)
     params["evaluate"].update(episodes=20, num_workers=2)
     path = directory / "params.yaml"

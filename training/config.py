@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.checks import require_layer_sizes, require_positive
+from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
 
@@ -278,8 +279,8 @@ class OnlinePolicyConfig:
     """A behaviour policy trained online with RLlib's PPO and stopped part of the way, as D4RL's "medium"
     policies are: collecting with its sampled actions gives data whose most likely actions are not an expert's."""
 
-    env: str
-    """Gymnasium environment id, e.g. LunarLander-v3."""
+    env: EnvSpec
+    """The environment: a Gymnasium id (LunarLander-v3) or a spec (common/envs.py's `EnvSpec`)."""
     target_score: float
     """Normalized score (0 random, 100 expert, on the evaluation seeds' references) at which training stops: of
     the mean return of the latest `score_episodes` training episodes (which sample their actions), or of
@@ -315,6 +316,7 @@ class OnlinePolicyConfig:
     """Environments each actor steps at once."""
 
     def __post_init__(self):
+        object.__setattr__(self, "env", EnvSpec.of(self.env))
         require_positive(self, "max_env_steps", "score_episodes", "lr", "batch_size", "minibatch_size", "epochs",
                          "env_runners", "envs_per_env_runner")
         if self.held_out_episodes < 0:

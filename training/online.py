@@ -19,13 +19,13 @@ import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner
 from common import plots
-from common.envs import make_env
+from common.envs import EnvSpec, make_env
 from common.errors import UserError, refuse_to_overwrite
 from common.run_dir import RunDir, write_csv, write_json
 from common.trained_policy import ModulePolicy
 from dataset_format import episode_stats
 from evaluation.config import EvaluateConfig
-from evaluation.references import normalized_score, read_reference
+from evaluation.references import no_score_reason, normalized_score, read_reference
 from training.config import OnlinePolicyConfig
 
 # The learning curve's column that the stop rule reads (dvc.yaml plots it).
@@ -34,12 +34,24 @@ SCORE = "normalized_score"
 EPISODES_PER_ITERATION_MEAN = 100_000
 
 
+def rllib_env(env: EnvSpec) -> str:
+    """The name RLlib's env runners make the env by: a plain registered id as it is (gymnasium makes it, as it
+    always has for the suite's policies), any other spec through a creator registered with Ray Tune."""
+    if env.is_plain_id:
+        return env.id
+    from ray.tune.registry import register_env
+
+    name = f"orl:{env.label}"
+    register_env(name, lambda _: make_env(env))
+    return name
+
+
 def ppo_config(config: OnlinePolicyConfig):
     from ray.rllib.algorithms.ppo import PPOConfig
 
     return (
         PPOConfig()
-        .environment(config.env)
+        .environment(rllib_env(config.env))
         .env_runners(num_env_runners=config.env_runners, num_envs_per_env_runner=config.envs_per_env_runner)
         .training(lr=config.lr, train_batch_size_per_learner=config.batch_size,
                   minibatch_size=config.minibatch_size, num_epochs=config.epochs)
@@ -57,13 +69,16 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     first."""
     run = RunDir(Path(out_dir))
     refuse_to_overwrite(run.checkpoint)
-    make_env(config.env).close()  # a missing extra (Box2D) fails here, not inside an env runner
-    reference = read_reference(references_dir, config.env, evaluate)
-    experiment_id = tracking.use_experiment(config.env)
+    make_env(config.env).close()  # a bad spec or a missing extra (Box2D) fails here, not inside an env runner
+    reference = read_reference(references_dir, config.env.label, evaluate)
+    if normalized_score(0.0, reference) is None:
+        raise UserError(f"online_policies.{name}: its target is a normalized score, but "
+                        f"{no_score_reason(config.env.label)}")
+    experiment_id = tracking.use_experiment(config.env.label)
 
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"ppo-online-{name}"):
-        mlflow.log_params({"algo": "ppo", "name": name, **dataclasses.asdict(config)})
-        mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env, "algo": "ppo",
+        mlflow.log_params({"algo": "ppo", "name": name, **dataclasses.asdict(config), "env": config.env.label})
+        mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env.label, "algo": "ppo",
                          "purpose": "behaviour policy"})
         algorithm = ppo_config(config).build_algo()
         try:

@@ -40,7 +40,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.L
     """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
     dataset_dir, run, entry = dataset.locate(dataset_path), RunDir(Path(out_dir)), offline_algorithm(algo)
     card = dataset.read_card(dataset_dir)
-    dataset.validate(dataset_dir, env_spaces(card.env_id) if card.env_id else None, card)
+    dataset.validate(dataset_dir, env_spaces(card.env) if card.env else None, card)
     for output in (run.checkpoint, run.run_info):
         refuse_to_overwrite(output)
     experiment_id = tracking.use_experiment(card.task)  # an unusable tracking store fails before training
@@ -110,6 +110,7 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.L
             "dataset": card.name,
             "dataset_path": dataset_dir.uri,
             "env_id": card.env_id,
+            "env_spec": card.env.to_dict() if card.env else None,
             "mlflow_run_id": mlflow_run.info.run_id,
             "mlflow_experiment_id": experiment_id,
             "registered_model": {"name": name, "version": version, "uri": f"models:/{name}/{version}"},

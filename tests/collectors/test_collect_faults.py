@@ -16,7 +16,7 @@ import yaml
 
 import dataset_format as dataset
 from tests.collectors.test_collect import file_hashes
-from tests.conftest import REPO, kill_group, orl
+from tests.conftest import CARTPOLE_CONTROLLER, REPO, kill_group, orl
 
 pytestmark = pytest.mark.slow  # collections killed midway
 
@@ -41,7 +41,8 @@ def collector_processes(root: psutil.Process) -> list[psutil.Process]:
 
 
 def test_a_killed_collector_is_replaced_and_the_dataset_is_identical(tmp_path):
-    write_params(tmp_path, {"expert": {"env": "CartPole-v1", "episodes": 400, "seed": 3}},
+    write_params(tmp_path,
+                 {"expert": {"env": "CartPole-v1", "episodes": 400, "seed": 3, "policy": CARTPOLE_CONTROLLER}},
                  {"num_collectors": 2, "envs_per_collector": 4, "episodes_per_task": 20, "file_mib": 16})
     clean = orl("collect", "expert", "--out", "clean", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr[-3000:]

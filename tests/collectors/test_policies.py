@@ -10,17 +10,12 @@ import numpy as np
 import pytest
 
 from collectors.config import PolicyConfig
-from collectors.policies import (
-    ExpertPolicy,
-    MixturePolicy,
-    RandomPolicy,
-    build_policy,
-    knows_logp,
-    worker_env_vars,
-)
-from common.envs import EXPERTS, env_spaces, make_env
+from collectors.policies import CallablePolicy, MixturePolicy, RandomPolicy, build_policy, worker_env_vars
+from common.envs import env_spaces, make_env
 from common.errors import UserError
 from common.trained_policy import ModulePolicy
+from examples.controllers import acrobot, cartpole, pendulum
+from tests.conftest import ACROBOT_EXPERT, CARTPOLE_EXPERT, CORRIDOR, PENDULUM_EXPERT, mixture
 
 DISCRETE = gym.spaces.Discrete(3)
 BOX = gym.spaces.Box(np.array([0.0, -1.0], np.float32), np.array([2.0, 3.0], np.float32))  # widths 2 and 4
@@ -79,30 +74,59 @@ def test_random_actions_depend_only_on_each_rows_generator():
     np.testing.assert_array_equal(whole[3:], part)
 
 
-def test_expert_acts_as_the_hand_written_controller_with_probability_one():
+def callable_policy(name: str, env_id: str = "Acrobot-v1", noise: float = 0.0) -> CallablePolicy:
+    env = make_env(env_id)
+    try:
+        return CallablePolicy(name, env, noise)
+    finally:
+        env.close()
+
+
+def test_a_callable_acts_as_the_controller_with_probability_one():
     obs = observations("Acrobot-v1", 50)
-    env = make_env("Acrobot-v1")
-    actions, logp = ExpertPolicy("Acrobot-v1", env.action_space).act(obs, rngs(50), [env] * 50)
-    assert actions.tolist() == [EXPERTS["Acrobot-v1"](o, env) for o in obs]
+    actions, logp = callable_policy("examples.controllers:acrobot").act(obs, rngs(50), [None] * 50)
+    np.testing.assert_array_equal(actions, acrobot(obs))
     np.testing.assert_array_equal(logp, np.zeros(50, dtype=np.float32))
 
 
-def test_expert_on_continuous_actions_reports_no_density():
+def test_a_callable_on_continuous_actions_reports_no_density():
     obs = observations("Pendulum-v1", 10)
-    space = env_spaces("Pendulum-v1")[1]
-    actions, logp = ExpertPolicy("Pendulum-v1", space).act(obs, rngs(10), [None] * 10)
-    assert logp is None
-    np.testing.assert_array_equal(actions, np.stack([EXPERTS["Pendulum-v1"](o, None) for o in obs]))
-    _, noisy_logp = ExpertPolicy("Pendulum-v1", space, noise=0.1).act(obs, rngs(10), [None] * 10)
-    assert noisy_logp is None
+    policy = callable_policy("examples.controllers:pendulum", "Pendulum-v1")
+    actions, logp = policy.act(obs, rngs(10), [None] * 10)
+    assert logp is None and not policy.with_logp
+    np.testing.assert_array_equal(actions, pendulum(obs))
+    noisy = callable_policy("examples.controllers:pendulum", "Pendulum-v1", noise=0.1)
+    assert noisy.act(obs, rngs(10), [None] * 10)[1] is None and not noisy.with_logp
 
 
-def test_expert_refuses_action_noise_on_discrete_actions():
-    with pytest.raises(UserError, match="action_noise applies to continuous actions; CartPole-v1's are discrete: "
-                                        "use kind 'mixture' with epsilon instead"):
-        ExpertPolicy("CartPole-v1", env_spaces("CartPole-v1")[1], noise=0.2)
-    with pytest.raises(UserError, match="action_noise"):
-        MixturePolicy("CartPole-v1", env_spaces("CartPole-v1")[1], epsilon=0.1, noise=0.2)
+def test_a_callable_refuses_action_noise_on_discrete_actions():
+    with pytest.raises(UserError, match="action_noise applies to continuous actions; examples.controllers:cartpole's "
+                                        "are discrete: use kind 'mixture' with epsilon instead"):
+        callable_policy("examples.controllers:cartpole", "CartPole-v1", noise=0.2)
+
+
+def test_a_callable_that_reports_log_probabilities_fills_them(user_code):
+    policy = callable_policy("corridor_sim.control:hesitant", CORRIDOR)
+    assert policy.with_logp and not policy.deterministic
+    obs = np.array([[0.25, 0.0], [0.5, 0.0]], dtype=np.float32)
+    actions, logp = policy.act(obs, rngs(2), [None] * 2)
+    assert set(actions.tolist()) <= {1, 2}
+    np.testing.assert_allclose(np.exp(logp), np.where(actions == 2, 0.8, 0.2), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,message", [
+    ("corridor_sim.control:missing", "cannot be imported"),
+    ("corridor_sim.nowhere:walk_right", "cannot be imported"),
+    ("corridor_sim.control:NOT_A_FUNCTION", "is not callable"),
+    ("corridor_sim.control:raises", "raised RuntimeError: controller lost its calibration; fix the function"),
+    ("corridor_sim.control:two_columns", r"returned actions of shape \(1, 2\) and dtype int64 for 1 observations; "
+                                          r"the action space Discrete\(3\) needs shape \(1,\) of integers"),
+    ("corridor_sim.control:beyond_the_space", "returned 7, outside the action space Discrete"),
+])
+def test_a_broken_callable_is_refused_in_one_line_naming_it(user_code, name, message):
+    with pytest.raises(UserError, match=message) as err:
+        callable_policy(name, CORRIDOR)
+    assert f"behaviour policy {name}" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_mixture_logp_is_the_mixture_formula_and_matches_its_action_frequencies():
@@ -110,8 +134,9 @@ def test_mixture_logp_is_the_mixture_formula_and_matches_its_action_frequencies(
     rows, epsilon = 20_000, 0.3
     env = make_env("Acrobot-v1")
     obs = np.tile(observations("Acrobot-v1", 20), (rows // 20, 1))
-    expert = np.array([EXPERTS["Acrobot-v1"](o, env) for o in obs])
-    actions, logp = MixturePolicy("Acrobot-v1", env.action_space, epsilon).act(obs, rngs(rows), [env] * rows)
+    expert = acrobot(obs)
+    policy = build_policy(mixture(ACROBOT_EXPERT, epsilon), env)
+    actions, logp = policy.act(obs, rngs(rows), [env] * rows)
 
     is_expert = actions == expert
     np.testing.assert_allclose(np.exp(logp[is_expert]), (1 - epsilon) + epsilon / 3, rtol=1e-6)
@@ -122,41 +147,37 @@ def test_mixture_logp_is_the_mixture_formula_and_matches_its_action_frequencies(
         chosen = (actions == other) & ~is_expert
         assert chosen.sum() / rows == pytest.approx(0.1 * np.mean(expert != other), abs=0.01)
     # Seeded per row: the same generators give the same actions.
-    again, _ = MixturePolicy("Acrobot-v1", env.action_space, epsilon).act(obs, rngs(rows), [env] * rows)
+    again, _ = policy.act(obs, rngs(rows), [env] * rows)
     np.testing.assert_array_equal(actions, again)
 
 
-def test_mixture_extremes_are_the_expert_and_the_uniform_policy():
+def test_mixture_extremes_are_the_base_and_the_uniform_policy():
     env = make_env("CartPole-v1")
     obs = observations("CartPole-v1", 400)
-    expert = np.array([EXPERTS["CartPole-v1"](o, env) for o in obs])
-    actions, logp = MixturePolicy("CartPole-v1", env.action_space, 0.0).act(obs, rngs(400), [env] * 400)
+    expert = cartpole(obs)
+    actions, logp = build_policy(mixture(CARTPOLE_EXPERT, 0.0), env).act(obs, rngs(400), [env] * 400)
     np.testing.assert_array_equal(actions, expert)
     np.testing.assert_allclose(logp, 0.0, atol=1e-7)
-    actions, logp = MixturePolicy("CartPole-v1", env.action_space, 1.0).act(obs, rngs(400), [env] * 400)
+    actions, logp = build_policy(mixture(CARTPOLE_EXPERT, 1.0), env).act(obs, rngs(400), [env] * 400)
     np.testing.assert_allclose(logp, math.log(0.5), rtol=1e-6)
     assert 0.4 < np.mean(actions == expert) < 0.6
 
 
 def test_mixture_on_continuous_actions_reports_no_density_and_stays_in_bounds():
-    space = env_spaces("Pendulum-v1")[1]
+    env = make_env("Pendulum-v1")
     obs = observations("Pendulum-v1", 200)
-    expert = np.stack([EXPERTS["Pendulum-v1"](o, None) for o in obs])
-    actions, logp = MixturePolicy("Pendulum-v1", space, 0.5).act(obs, rngs(200), [None] * 200)
+    actions, logp = build_policy(mixture(PENDULUM_EXPERT, 0.5), env).act(obs, rngs(200), [None] * 200)
     assert logp is None
     assert np.all(np.abs(actions) <= 2.0)
-    assert 0.35 < np.mean(np.all(actions == expert, axis=1)) < 0.65
+    assert 0.35 < np.mean(np.all(actions == pendulum(obs), axis=1)) < 0.65
 
 
-@pytest.mark.parametrize("kind,space,expected", [
-    ("random", DISCRETE, True), ("random", BOX, True),
-    ("expert", DISCRETE, True), ("expert", BOX, False),
-    ("mixture", DISCRETE, True), ("mixture", BOX, False),
-    ("model", DISCRETE, True), ("model", BOX, False),
-])
-def test_knows_logp_for_uniform_or_discrete_policies_only(kind, space, expected):
-    config = PolicyConfig(kind=kind, model="checkpoint" if kind == "model" else "")
-    assert knows_logp(config, space) is expected
+def test_mixture_over_a_base_that_samples_knows_no_log_probabilities(user_code):
+    env = make_env(CORRIDOR)
+    assert not build_policy(mixture(PolicyConfig(kind="callable", callable="corridor_sim.control:hesitant"), 0.1),
+                            env).with_logp
+    assert build_policy(mixture(PolicyConfig(kind="callable", callable="corridor_sim.control:walk_right"), 0.1),
+                        env).with_logp
 
 
 def test_worker_env_vars_make_a_relative_sqlite_store_absolute(tmp_path, monkeypatch, tracking_uri):
@@ -175,7 +196,7 @@ def test_worker_env_vars_pass_absolute_stores_unchanged(uri, monkeypatch, tracki
 
 
 @pytest.mark.parametrize("config", [
-    PolicyConfig(kind="random"), PolicyConfig(kind="expert"), PolicyConfig(kind="mixture", epsilon=0.2),
+    PolicyConfig(kind="random"), CARTPOLE_EXPERT, mixture(CARTPOLE_EXPERT, 0.2),
     PolicyConfig(kind="model", model="runs/bc-cartpole-expert/checkpoint"),
 ])
 def test_worker_env_vars_are_empty_for_policies_not_loaded_from_mlflow(config, monkeypatch, tracking_uri):
@@ -186,27 +207,26 @@ def test_worker_env_vars_are_empty_for_policies_not_loaded_from_mlflow(config, m
 def test_build_policy_builds_each_kind(tmp_path, monkeypatch, tracking_uri):
     from ray.rllib.algorithms.bc import BCConfig
 
-    space = env_spaces("CartPole-v1")[1]
-    assert type(build_policy(PolicyConfig(kind="random"), "CartPole-v1", space)) is RandomPolicy
-    assert type(build_policy(PolicyConfig(kind="expert"), "CartPole-v1", space)) is ExpertPolicy
-    mixture = build_policy(PolicyConfig(kind="mixture", epsilon=0.25), "CartPole-v1", space)
-    assert type(mixture) is MixturePolicy and mixture.epsilon == 0.25
+    env = make_env("CartPole-v1")
+    assert type(build_policy(PolicyConfig(kind="random"), env)) is RandomPolicy
+    assert type(build_policy(CARTPOLE_EXPERT, env)) is CallablePolicy
+    mixed = build_policy(mixture(CARTPOLE_EXPERT, 0.25), env)
+    assert type(mixed) is MixturePolicy and mixed.epsilon == 0.25 and type(mixed.base) is CallablePolicy
 
     # kind model: an RLModule directory, loaded and sampling valid actions with their log-probs.
     observation_space, action_space = env_spaces("CartPole-v1")
     BCConfig().environment(observation_space=observation_space, action_space=action_space) \
         .get_rl_module_spec().build().save_to_path(tmp_path / "module")
-    policy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module")), "CartPole-v1", space)
+    policy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module")), env)
     assert type(policy) is ModulePolicy and not policy.greedy
     actions, logp = policy.act(observations("CartPole-v1", 8), rngs(8), [None] * 8)
     assert set(actions.tolist()) <= {0, 1} and logp.shape == (8,) and np.all(logp < 0)
-    greedy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module"), greedy=True), "CartPole-v1",
-                          space)
+    greedy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module"), greedy=True), env)
     assert greedy.greedy
 
     # A directory that is no checkpoint, and an MLflow URI the store does not know, are user errors.
     with pytest.raises(UserError, match="is not a checkpoint made by `orl train`"):
-        build_policy(PolicyConfig(kind="model", model=str(tmp_path)), "CartPole-v1", space)
+        build_policy(PolicyConfig(kind="model", model=str(tmp_path)), env)
     tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(UserError, match="cannot load MLflow model 'models:/CartPole-v1-bc@newest'"):
-        build_policy(PolicyConfig(kind="model", model="models:/CartPole-v1-bc@newest"), "CartPole-v1", space)
+        build_policy(PolicyConfig(kind="model", model="models:/CartPole-v1-bc@newest"), env)

@@ -3,6 +3,8 @@ gives evaluation its returns."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -11,8 +13,9 @@ import ray
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner, episode_seeds, rollout_returns
 from dataset_format import Col, column_to_numpy, episode_stats
+from tests.conftest import CARTPOLE_EXPERT, PENDULUM_EXPERT, mixture
 
-MIXTURE = PolicyConfig(kind="mixture", epsilon=0.5)  # short, random CartPole episodes (about 10-60 steps)
+MIXTURE = mixture(CARTPOLE_EXPERT, 0.5)  # short, random CartPole episodes (about 10-60 steps)
 
 
 def columns(table) -> dict[str, np.ndarray]:
@@ -68,7 +71,7 @@ def test_each_episode_depends_only_on_its_seed_and_index():
 
 
 def test_random_episodes_are_whole_episodes_of_the_uniform_policy():
-    config = PolicyConfig(kind="expert", random_episodes=0.5)
+    config = dataclasses.replace(CARTPOLE_EXPERT, random_episodes=0.5)
     data = columns(EpisodeRunner("CartPole-v1", config, seed=5, num_envs=3).run(list(range(12))))
     per_episode = {int(e): set(np.exp(data[Col.ACTION_LOGP][data[Col.EPS_ID] == e]).round(6))
                    for e in np.unique(data[Col.EPS_ID])}
@@ -76,7 +79,7 @@ def test_random_episodes_are_whole_episodes_of_the_uniform_policy():
 
 
 def test_continuous_actions_without_a_density_have_no_logp_column():
-    table = EpisodeRunner("Pendulum-v1", PolicyConfig(kind="expert"), seed=0, num_envs=2).run([0, 1])
+    table = EpisodeRunner("Pendulum-v1", PENDULUM_EXPERT, seed=0, num_envs=2).run([0, 1])
     assert Col.ACTION_LOGP not in table.column_names
     assert table.num_rows == 400  # Pendulum truncates at 200 steps
 
@@ -95,5 +98,5 @@ def test_rollouts_return_once_their_actors_cpus_are_free_again(ray_local):
     # Else the next actor pool, started at once, finds no CPU free and Ray Data warns that its job will hang.
     free = ray.available_resources()["CPU"]
     for seed in range(3):
-        rollout_returns("CartPole-v1", PolicyConfig(kind="expert"), seed, 4, 2, label="cpus")
+        rollout_returns("CartPole-v1", CARTPOLE_EXPERT, seed, 4, 2, label="cpus")
         assert ray.available_resources().get("CPU", 0.0) == free

@@ -46,7 +46,8 @@ def test_files_are_native_arrow_columns(expert_dataset):
 def test_card_describes_the_data(expert_dataset):
     card = dataset.read_card(expert_dataset)
     arrays = dataset.load_arrays(expert_dataset)
-    assert card.env_id == "CartPole-v1" and card.behavior_policy["kind"] == "expert"
+    assert card.env_id == "CartPole-v1" and card.env_spec == {"id": "CartPole-v1"}
+    assert card.behavior_policy["callable"] == "examples.controllers:cartpole"
     assert card.transitions == len(arrays[Col.REWARDS]) == 10_000
     assert card.episodes == len(np.unique(arrays[Col.EPS_ID])) == 20
     assert card.returns["mean"] == 500.0 and card.episode_length["max"] == 500

@@ -34,7 +34,7 @@ def test_unknown_env_id(workdir):
     params = yaml.safe_load((workdir / "params.yaml").read_text())
     params["datasets"]["cartpole-expert"]["env"] = "Pong-v5"
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
-    assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), "unknown env id 'Pong-v5'", "CartPole-v1")
+    assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), "unknown env id 'Pong-v5'", "import: [ale_py]")
 
 
 def test_existing_run_is_not_overwritten(workdir, expert_dataset):

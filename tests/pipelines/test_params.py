@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
+from common.envs import EnvSpec
 from common.errors import UserError
 from pipelines.params import load_params
 from tests.conftest import REPO
@@ -25,7 +26,9 @@ def write_params(tmp_path, mutate):
 @pytest.mark.parametrize("path", [TOUR, SUITE], ids=["tour", "suite"])
 def test_the_pipelines_params_parse(path):
     params = load_params(path)
-    assert params.datasets["cartpole-expert"].policy.kind == "expert"
+    assert params.datasets["cartpole-expert"].policy.callable == "examples.controllers:cartpole"
+    assert params.datasets["cartpole-expert"].env == EnvSpec(id="CartPole-v1")
+    assert params.references["CartPole-v1"].ceiling.callable == "examples.controllers:cartpole"
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
     assert set(params.train.datasets) <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
@@ -47,8 +50,20 @@ def test_the_suite_trains_behaviour_policies_online():
 @pytest.mark.parametrize("mutate,message", [
     (lambda p: p["datasets"]["cartpole-expert"].update(episodes=-5),
      r"datasets.cartpole-expert: episodes must be > 0, got -5"),
-    (lambda p: p["datasets"]["cartpole-expert"].update(env="CartPole-v9"),
-     r"unknown env id 'CartPole-v9'"),
+    (lambda p: p["datasets"]["cartpole-expert"].update(env={"id": "CartPole-v1", "entry_point": "a.b:C"}),
+     r"datasets.cartpole-expert.env: an env spec gives either `id` .* or `entry_point`"),
+    (lambda p: p["datasets"]["cartpole-expert"].update(env={"id": "CartPole-v1", "wrapers": []}),
+     r"unknown key 'datasets.cartpole-expert.env.wrapers'; known keys: id, entry_point, kwargs, import, wrappers"),
+    (lambda p: p["datasets"]["cartpole-expert"].update(env={"entry_point": "my_sim.Env"}),
+     r"entry_point 'my_sim.Env' must read package.module:Name"),
+    (lambda p: p["datasets"]["cartpole-expert"]["policy"].update(kind="expert"),
+     r"kind 'expert' is unknown; use one of random, callable, mixture, model"),
+    (lambda p: p["datasets"]["cartpole-medium"]["policy"].pop("base"),
+     r"kind 'mixture' needs `base`, the policy it mixes with random actions"),
+    (lambda p: p["datasets"]["cartpole-expert"]["policy"].update(callable="examples.controllers.cartpole"),
+     r"kind 'callable' needs `callable: package.module:function`"),
+    (lambda p: p["references"]["CartPole-v1"].update(ref_max=500.0),
+     r"references.CartPole-v1: give the ceiling as a policy \(`ceiling`\) or a return \(`ref_max`\), not both"),
     (lambda p: p["algos"]["bc"].update(lr="fast"), r"algos.bc.lr must be a float, got 'fast'"),
     (lambda p: p["algos"]["marwil"].update(beta=3), r"algos.marwil: beta must be in \[0, 1\], got 3"),
     (lambda p: p["train"].update(algos=["bc", "ppo"]), r"unknown algorithms \['ppo'\]"),
@@ -58,8 +73,8 @@ def test_the_suite_trains_behaviour_policies_online():
     (lambda p: p["datasets"]["pendulum-expert"]["policy"].update(action_noise=-0.1),
      r"datasets.pendulum-expert.policy: action_noise -0.1 is negative"),
     (lambda p: p["datasets"]["pendulum-random"]["policy"].update(action_noise=0.1),
-     r"action_noise applies to kinds 'expert' and 'mixture', not 'random'"),
-    (lambda p: p["policy_datasets"]["cartpole-learned"]["policy"].update(kind="expert"),
+     r"action_noise applies to kind 'callable' \(a mixture's `base`\), not 'random'"),
+    (lambda p: p["policy_datasets"]["cartpole-learned"]["policy"].update(kind="random"),
      r"policy_datasets.cartpole-learned.policy must be kind 'model' with a checkpoint directory"),
     (lambda p: p["algos"]["marwil"].update(advantage_norm_rate=0), r"advantage_norm_rate must be in \(0, 1\]"),
     (lambda p: p["algos"]["bc"].update(num_learners=-1), r"algos.bc: num_learners must be >= 0, got -1"),
@@ -80,8 +95,8 @@ def test_the_suite_trains_behaviour_policies_online():
      r"algos.iql: per_dataset.cartpole-medium: iterations must be an int, got True"),
     (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"beta": -1}}),
      r"algos.iql: per_dataset.cartpole-medium: beta must be >= 0, got -1"),
-    (lambda p: p["online_policies"]["lunarlander-ppo"].update(env="Lunar"),
-     r"online_policies.lunarlander-ppo.env: unknown env id 'Lunar'"),
+    (lambda p: p["online_policies"]["lunarlander-ppo"].update(env={"name": "Lunar"}),
+     r"online_policies.lunarlander-ppo.env: an env spec gives either `id`"),
 ])
 def test_bad_params_name_the_key(tmp_path, mutate, message):
     with pytest.raises(UserError, match=message) as err:

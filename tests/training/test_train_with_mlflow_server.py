@@ -18,7 +18,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.rollout import rollout_returns
 from common.run_dir import read_csv
 from evaluation.report import report
-from tests.conftest import MLFLOW_BUCKET, REPO, orl
+from tests.conftest import MLFLOW_BUCKET, PENDULUM_EXPERT, REPO, mixture, orl
 from tracking import NEWEST_ALIAS, dvc_digest
 
 pytestmark = pytest.mark.slow  # an MLflow server with its artifacts on the S3 server, and trainings
@@ -165,7 +165,7 @@ def q_learning_runs(trained_run, expert_dataset, ray_local, tmp_path_factory):
     work, uri = trained_run[0].parent.parent, trained_run[1]
     pendulum = tmp_path_factory.mktemp("pendulum") / "pendulum-medium"
     collect("pendulum-medium", DatasetConfig(env="Pendulum-v1", episodes=4, seed=3,
-                                             policy=PolicyConfig(kind="mixture", epsilon=0.3)),
+                                             policy=mixture(PENDULUM_EXPERT, 0.3)),
             CollectConfig(episodes_per_task=2), pendulum)
     params = yaml.safe_load((work / "params.yaml").read_text())
     for algo in ("dqn", "cql_dqn", "cql", "iql"):

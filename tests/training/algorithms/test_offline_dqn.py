@@ -15,7 +15,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.rollout import EpisodeRunner
 from common.trained_policy import load_rl_module
 from dataset_format import Col, episode_stats
-from tests.conftest import built_algorithm, train_columns
+from tests.conftest import CARTPOLE_EXPERT, built_algorithm, mixture, train_columns
 from training.algorithms.rllib_internals import local_learner
 from training.config import DQNParams
 
@@ -27,7 +27,7 @@ BUDGET = dict(iterations=40, updates_per_iteration=50, batch_size=256, hidden_la
 def medium_dataset(ray_local, tmp_path_factory):
     """The expert with probability 0.5, else a random action: both actions are covered."""
     path = tmp_path_factory.mktemp("dqn") / "cartpole-medium"
-    spec = DatasetConfig(env="CartPole-v1", episodes=100, seed=2, policy=PolicyConfig(kind="mixture", epsilon=0.5))
+    spec = DatasetConfig(env="CartPole-v1", episodes=100, seed=2, policy=mixture(CARTPOLE_EXPERT, 0.5))
     collect("cartpole-medium", spec, CollectConfig(episodes_per_task=50), path)
     return path
 
