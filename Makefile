@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c requirements.lock -e ".[minari,test]"
+	$(BIN)/pip install --quiet -c requirements.lock -e ".[minari,test,envs]"
 	touch $@
 
 setup: $(INSTALLED)

@@ -11,7 +11,7 @@ from collectors.config import CollectConfig, DatasetConfig
 from collectors.policies import build_policy
 from collectors.rollout import episodes_dataset, progress_lines
 from common.code_version import code_version, library_versions
-from common.envs import make_env
+from common.envs import make_env, provider_versions
 
 # The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders (examples: the
 # controllers that params.yaml names as behaviour policies).
@@ -22,9 +22,11 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | 
     """Collects the dataset `spec` describes to `out`, a local directory or an s3://bucket/prefix."""
     out = dataset.refuse_existing(out)  # before any work, not after
     env = make_env(spec.env)
-    try:  # a bad model path or URI, or a broken callable, fails here, before the actors
-        with_logp = build_policy(spec.policy, env).with_logp
+    try:  # spaces a dataset cannot hold, a bad model path or URI, or a broken callable fail here, before the actors
         observation_space, action_space = env.observation_space, env.action_space
+        dataset.require_storable(observation_space, action_space, f"env {spec.env.label}")
+        with_logp = build_policy(spec.policy, env).with_logp
+        providers = provider_versions(env)
     finally:
         env.close()
     n = settings.episodes_per_task
@@ -44,7 +46,7 @@ def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | 
         files=[],
         columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
         code_version=code_version(COLLECTION_CODE),
-        library_versions={**library_versions(), **spec.env.provider_versions()},
+        library_versions={**library_versions(), **providers},
     )
     with progress_lines(f"collect {name}", spec.episodes) as progress:
         transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,

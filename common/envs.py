@@ -70,7 +70,8 @@ class EnvSpec:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value != f.default and not (f.default_factory is not dataclasses.MISSING and value == f.default_factory()):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if value != default:
                 out[f.metadata.get("key", f.name)] = value
         return out
 
@@ -91,18 +92,6 @@ class EnvSpec:
         if env_spec:
             return cls.from_dict(env_spec)
         return cls(id=env_id) if env_id else None
-
-    def provider_versions(self) -> dict[str, str]:
-        """The versions of the installed distributions that provide the environment and its wrappers."""
-        self._import_modules()
-        modules = list(self.imports)
-        entry_point = self.entry_point or _registered(self.id).entry_point
-        if isinstance(entry_point, str):
-            modules.append(entry_point.split(":")[0])
-        modules += [_wrapper_name(w).split(":")[0] for w in self.wrappers if ":" in _wrapper_name(w)]
-        providers = metadata.packages_distributions()
-        distributions = {d for m in modules for d in providers.get(m.split(".")[0], [])}
-        return {d: metadata.version(d) for d in sorted(distributions)}
 
     def _import_modules(self) -> None:
         for module in self.imports:
@@ -132,6 +121,22 @@ def make_env(spec: EnvSpec | str) -> gym.Env:
     for wrapper in spec.wrappers:
         env = _wrap(env, wrapper, spec)
     return env
+
+
+def provider_versions(env: gym.Env) -> dict[str, str]:
+    """The versions of the installed distributions whose code a made env runs: the modules of its classes and its
+    wrappers', and of the objects it holds (mujoco's model, ale_py's emulator)."""
+    classes = [type(layer) for layer in _layers(env)] + [type(value) for value in vars(env.unwrapped).values()]
+    modules = {c.__module__.split(".")[0] for cls in classes for c in cls.__mro__}
+    providers = metadata.packages_distributions()
+    return {d: metadata.version(d) for d in sorted({d for m in modules for d in providers.get(m, [])})}
+
+
+def _layers(env: gym.Env) -> list[gym.Env]:
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
 
 
 def env_spaces(spec: EnvSpec | str) -> tuple[gym.Space, gym.Space]:
@@ -174,7 +179,8 @@ def _close_ids(env_id: str) -> list[str]:
     by_name: dict[str, list[str]] = {}
     for registered in sorted(gym.registry, key=lambda i: ("/" in i, -(gym.registry[i].version or 0))):
         by_name.setdefault(name(registered), []).append(registered)
-    return [i for close in difflib.get_close_matches(name(env_id), by_name, n=2, cutoff=0.75) for i in by_name[close]][:3]
+    close = difflib.get_close_matches(name(env_id), by_name, n=2, cutoff=0.75)
+    return [i for found in close for i in by_name[found]][:3]
 
 
 def _wrapper_name(wrapper: str | dict) -> str:

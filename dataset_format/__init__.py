@@ -30,6 +30,7 @@ from dataset_format.schema import (
     column_to_numpy,
     flat_dim,
     space_from_dict,
+    require_storable,
     space_to_dict,
     transitions_table,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "refuse_existing",
     "size_on_disk",
     "space_from_dict",
+    "require_storable",
     "space_to_dict",
     "summarize",
     "torch_dataloader",

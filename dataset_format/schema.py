@@ -43,6 +43,20 @@ def _encode_bound(values: np.ndarray) -> list:
     return [float(v) if math.isfinite(v) else str(float(v)) for v in np.asarray(values).ravel()]
 
 
+def require_storable(observation_space: gym.Space, action_space: gym.Space, what: str) -> None:
+    """Refuses, in one line naming `what` and the space, spaces a dataset cannot hold: observations must be a Box
+    (a Discrete, Dict or Tuple one is one-hot encoded and flattened into a Box by gymnasium's FlattenObservation
+    wrapper), actions a Box or a Discrete space starting at 0."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise UserError(f"{what}: observation space {observation_space} cannot be stored: datasets hold Box "
+                        "observations; add the wrapper FlattenObservation to the env spec (`wrappers: "
+                        "[FlattenObservation]`), which one-hot encodes Discrete parts and flattens Dict and Tuple ones")
+    if not (isinstance(action_space, gym.spaces.Box)
+            or (isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0)):
+        raise UserError(f"{what}: action space {action_space} cannot be stored: datasets hold Box actions or "
+                        "Discrete ones starting at 0 (MultiDiscrete: wrap the env to act on one Discrete space)")
+
+
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n)}

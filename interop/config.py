@@ -91,8 +91,9 @@ class ImportConfig:
     name order. dvc.yaml tracks it as the stage's dependency, so give a path there."""
     env: EnvSpec | None = None
     """The environment the data comes from, which evaluates policies trained on it (its spaces must be the
-    data's): a Gymnasium id or a spec (common/envs.py's `EnvSpec`). None: the data has no simulator; the spaces come from the Minari dataset or the two below, and
-    the stages that run the environment (evaluate, reference) skip it."""
+    data's): a Gymnasium id or a spec (common/envs.py's `EnvSpec`). None: the data has no simulator; the spaces
+    come from the Minari dataset or the two below, and the stages that run the environment (evaluate, reference)
+    skip it."""
     observation_space: SpaceConfig | None = None
     """csv, parquet without `env`: the observation space."""
     action_space: SpaceConfig | None = None
@@ -119,7 +120,8 @@ class ImportConfig:
         if self.columns is None:
             raise ValueError(f"format {self.format} needs `columns`, the mapping of the log's columns")
         if self.env and declared != (None, None):
-            raise ValueError(f"the spaces come from env {self.env.label}; remove `observation_space` and `action_space`")
+            raise ValueError(f"the spaces come from env {self.env.label}; remove `observation_space` and "
+                             "`action_space`")
         if not self.env and None in declared:
             raise ValueError("without env, declare both `observation_space` and `action_space`")
         if self.observation_space is not None and self.observation_space.type != "Box":

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 import dataset_format as dataset
 from common.code_version import code_version, library_versions
+from common.envs import EnvSpec, make_env, provider_versions
 from dataset_format import Col
 from interop.config import ImportConfig
 from interop.logs import read_log
@@ -21,6 +22,14 @@ from interop.source import Source
 IMPORT_CODE = ("common", "dataset_format", "interop")
 # Episodes are gathered into tables of about this many rows before they are written.
 TABLE_ROWS = 2**16
+
+
+def _providers(env: EnvSpec) -> dict[str, str]:
+    made = make_env(env)
+    try:
+        return provider_versions(made)
+    finally:
+        made.close()
 
 
 def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes: int) -> dataset.DatasetCard:
@@ -42,7 +51,7 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
         files=[],
         columns=list(dataset.arrow_schema(source.observation_space, source.action_space, source.with_logp).names),
         code_version=code_version(IMPORT_CODE),
-        library_versions={**library_versions(), **(config.env.provider_versions() if config.env else {})},
+        library_versions={**library_versions(), **(_providers(config.env) if config.env else {})},
         source={"format": config.format, "path": config.source, **source.metadata},
     )
     card = dataset.write_tables(_tables(source.episodes, card.schema()), out, card, file_bytes)

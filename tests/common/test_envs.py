@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.envs import EnvSpec, env_spaces, make_env, step_actions, time_limit
+from common.envs import EnvSpec, env_spaces, make_env, provider_versions, step_actions, time_limit
 from common.errors import UserError
 from tests.conftest import CORRIDOR
 
@@ -85,8 +85,15 @@ def test_a_users_env_class_is_made_by_entry_point_with_its_kwargs_and_name(user_
     assert EnvSpec(entry_point="corridor_sim.env:CorridorEnv").label == "CorridorEnv"
 
 
-def test_provider_versions_name_the_distributions_that_provide_the_env():
-    assert EnvSpec(id="CartPole-v1").provider_versions() == {"gymnasium": metadata.version("gymnasium")}
+def test_provider_versions_name_the_distributions_whose_code_the_env_runs():
+    cartpole, lander = make_env("CartPole-v1"), make_env("LunarLander-v3")
+    try:
+        assert provider_versions(cartpole) == {"gymnasium": metadata.version("gymnasium")}
+        assert provider_versions(lander) == {"Box2D": metadata.version("Box2D"),
+                                             "gymnasium": metadata.version("gymnasium")}
+    finally:
+        cartpole.close()
+        lander.close()
 
 
 @pytest.mark.parametrize("spec,message", [
