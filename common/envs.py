@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -103,6 +104,7 @@ def make_env(spec: EnvSpec | str) -> gym.Env:
     one-line errors."""
     spec = EnvSpec.of(spec)
     spec._import_modules()
+    _quiet_native_banners()
     limit = {"max_episode_steps": spec.max_episode_steps} if spec.max_episode_steps else {}
     try:
         if spec.id:
@@ -203,6 +205,13 @@ def _wrap(env: gym.Env, wrapper: str | dict, spec: EnvSpec) -> gym.Env:
         return cls(env, **kwargs)
     except (TypeError, ValueError, gym.error.Error) as err:
         raise UserError(f"env {spec.label}: wrapper {name} with kwargs {kwargs} fails ({_first_line(err)})") from None
+
+
+def _quiet_native_banners() -> None:
+    """ale_py prints its banner on stderr for every emulator it starts; a healthy run prints our lines only."""
+    ale = sys.modules.get("ale_py")
+    if ale is not None:
+        ale.ALEInterface.setLoggerMode(ale.LoggerMode.Error)
 
 
 def _import(module: str, what: str):

@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from common.errors import UserError
+from common.observations import ModelInput
 
 # Where `Algorithm.save_to_path` puts the single-agent RLModule inside a checkpoint.
 MODULE_SUBDIR = Path("learner_group", "learner", "rl_module", "default_policy")
@@ -29,6 +30,7 @@ class ModulePolicy:
         self.module = module
         self.space = action_space
         self.greedy = greedy
+        self.images = ModelInput.of_module(module)  # None: vectors, taken as they are
         # Its distribution over discrete actions; a Box's clipped samples have no density.
         self.with_logp = isinstance(action_space, gym.spaces.Discrete)
         self.deterministic = greedy
@@ -37,6 +39,7 @@ class ModulePolicy:
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
 
+        obs = self.images(obs) if self.images is not None else obs
         batch = {"obs": torch.tensor(obs, dtype=torch.float32)}  # a copy: dataset arrays are read-only
         with torch.no_grad():
             out = self.module.forward_inference(batch)
@@ -94,9 +97,11 @@ class MLflowPolicy:
                             "MLFLOW_TRACKING_URI") from None
         self.discrete = self.with_logp = isinstance(action_space, gym.spaces.Discrete)
         self.deterministic = True  # greedy actions
+        # What its signature takes: float32 vectors, or images at their own dtype (tracking/runs.py).
+        self.input_dtype = self.model.metadata.get_input_schema().inputs[0].type
 
     def act(self, obs, rngs, envs):
-        actions = np.asarray(self.model.predict(obs.astype(np.float32)))
+        actions = np.asarray(self.model.predict(np.asarray(obs).astype(self.input_dtype, copy=False)))
         return actions, (np.zeros(len(obs), dtype=np.float32) if self.discrete else None)
 
 

@@ -29,8 +29,8 @@ from dataset_format.schema import (
     arrow_schema,
     column_to_numpy,
     flat_dim,
-    space_from_dict,
     require_storable,
+    space_from_dict,
     space_to_dict,
     transitions_table,
 )

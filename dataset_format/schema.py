@@ -5,10 +5,11 @@ so stock RLlib reads a dataset as-is:
 
     eps_id  int64                          global episode index (also its seed index)
     t       int32                          step within the episode, 0-based
-    obs     fixed_size_list<float32>[d]    observation before the step
+    obs     fixed_size_list<T>[d]          observation before the step, flattened: T is float32 for a Box of floats,
+                                           else the Box's own dtype (uint8 pixels stay uint8); the card has its shape
     actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
     rewards float32
-    new_obs fixed_size_list<float32>[d]    observation after the step
+    new_obs fixed_size_list<T>[d]          observation after the step
     terminateds, truncateds  bool
     action_logp float32                    log-prob of the action under the behaviour policy, where known
 """
@@ -38,9 +39,13 @@ class Col:
     ACTION_LOGP = "action_logp"
 
 
-def _encode_bound(values: np.ndarray) -> list:
-    # JSON has no infinity; unbounded dimensions are written as the strings "inf"/"-inf".
-    return [float(v) if math.isfinite(v) else str(float(v)) for v in np.asarray(values).ravel()]
+def _encode_bound(values: np.ndarray) -> list | float | str:
+    """A Box bound for the card: one value per element, or the value alone where a space of several elements has
+    one for all (an image's 0 and 255, not 28,224 of each). JSON has no infinity: unbounded dimensions are written
+    as the strings "inf"/"-inf"."""
+    flat = np.asarray(values).ravel()
+    encoded = [float(v) if math.isfinite(v) else str(float(v)) for v in (flat[:1] if len(set(flat)) == 1 else flat)]
+    return encoded[0] if len(flat) > 1 and len(encoded) == 1 else encoded
 
 
 def require_storable(observation_space: gym.Space, action_space: gym.Space, what: str) -> None:
@@ -75,8 +80,12 @@ def space_from_dict(data: dict) -> gym.Space:
     if data["type"] == "Discrete":
         return gym.spaces.Discrete(data["n"])
     shape = tuple(data["shape"])
-    low = np.array([float(v) for v in data["low"]], dtype=data["dtype"]).reshape(shape)
-    high = np.array([float(v) for v in data["high"]], dtype=data["dtype"]).reshape(shape)
+
+    def bound(encoded) -> np.ndarray:
+        values = [float(v) for v in encoded] if isinstance(encoded, list) else float(encoded)
+        return np.broadcast_to(np.array(values, dtype=data["dtype"]), shape).copy()
+
+    low, high = bound(data["low"]), bound(data["high"])
     return gym.spaces.Box(low, high, shape, dtype=data["dtype"])
 
 
@@ -84,9 +93,15 @@ def flat_dim(space: gym.spaces.Box) -> int:
     return int(np.prod(space.shape))
 
 
+def observation_value_type(space: gym.spaces.Box) -> pa.DataType:
+    """Floats are stored as float32, what learners read (MuJoCo's float64 would double the bytes for nothing they
+    use); integers, pixels above all, at their own dtype."""
+    return pa.float32() if np.issubdtype(space.dtype, np.floating) else pa.from_numpy_dtype(space.dtype)
+
+
 def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool) -> pa.Schema:
     """The exact Arrow schema of a dataset with these spaces."""
-    obs_type = pa.list_(pa.float32(), flat_dim(observation_space))
+    obs_type = pa.list_(observation_value_type(observation_space), flat_dim(observation_space))
     if isinstance(action_space, gym.spaces.Discrete):
         action_type = pa.int64()
     else:
@@ -108,7 +123,7 @@ def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_log
 
 def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     if pa.types.is_fixed_size_list(arrow_type):
-        flat = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), -1)
+        flat = np.ascontiguousarray(values, dtype=arrow_type.value_type.to_pandas_dtype()).reshape(len(values), -1)
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
     return pa.array(values, type=arrow_type)
 

@@ -19,6 +19,7 @@ import dataset_format as dataset
 import tracking
 from common.envs import EnvSpec, time_limit
 from common.errors import UserError
+from common.observations import is_image
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -54,8 +55,10 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
     policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
     fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), config)
     tracking.connect()  # an unreachable tracking server fails before the fitting
-    output = {"dataset_path": location.uri, "policy": "sampled" if sampled else "greedy",
-              **estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")}
+    estimated = (estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")
+                 if wanted else {"dataset": card.name, "units": "normalized score" if reference else "return",
+                                 "estimates": {}})
+    output = {"dataset_path": location.uri, "policy": "sampled" if sampled else "greedy", **estimated}
     results = output["estimates"]
     results.update({name: {"undefined": reason} for name, reason in undefined.items()
                     if estimators is None or name in estimators})
@@ -159,6 +162,10 @@ def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, locat
 
 def undefined_estimators(card: dataset.DatasetCard) -> dict[str, str]:
     """The estimators that cannot evaluate a policy on this dataset, with why."""
+    if is_image(card.spaces[0]):
+        reason = ("image observations: FQE's network, which every estimator here uses (DR and WPDIS for their "
+                  "fallback values), takes vectors; no estimate")
+        return {FQE: reason, WPDIS: reason, DR: reason}
     if not isinstance(card.spaces[1], gym.spaces.Discrete):
         reason = ("a policy on continuous actions acts deterministically here (or samples and clips to the bounds), "
                   "so its actions have no density for importance weights; use fqe")

@@ -22,7 +22,7 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
         self.policy = ModulePolicy(module, action_space, greedy=True)
 
     def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
-        obs = np.asarray(model_input, dtype=np.float32)
+        obs = np.asarray(model_input)  # vectors as float32 rows, images as the env gives them
         actions, _ = self.policy.act(obs, rngs=[], envs=[])
         return actions
 

@@ -18,6 +18,7 @@ import numpy as np
 from mlflow.utils.logging_utils import disable_logging, enable_logging
 
 from common.errors import UserError
+from common.observations import is_image
 from dataset_format import DatasetCard, Location, flat_dim, locate
 from dataset_format.location import storage_errors
 
@@ -154,8 +155,9 @@ def log_dataset_input(card: DatasetCard, path: str | Path | Location, digest: st
 
 
 def model_name(task: str, algo: str) -> str:
-    """The registered model of `algo` on a task (DatasetCard.task: the env, or a dataset without one)."""
-    return f"{task}-{algo}"
+    """The registered model of `algo` on a task (DatasetCard.task: the env, or a dataset without one); a
+    namespaced env's `/` (ALE/Pong-v5) becomes `-`, as registered model names allow neither `/` nor `:`."""
+    return f"{task}-{algo}".replace("/", "-").replace(":", "-")
 
 
 def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[str, str]:
@@ -169,10 +171,12 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
         output = TensorSpec(np.dtype(np.int64), (-1,))
     else:
         output = TensorSpec(np.dtype(np.float32), (-1, flat_dim(action_space)))
-    signature = ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, flat_dim(observation_space)))]),
-        outputs=Schema([output]),
-    )
+    # A batch of vectors as float32 rows; of images, as the env gives them (e.g. uint8 stacks of frames).
+    if is_image(observation_space):
+        obs_dtype, obs_shape = np.dtype(observation_space.dtype), tuple(observation_space.shape)
+    else:
+        obs_dtype, obs_shape = np.dtype(np.float32), (flat_dim(observation_space),)
+    signature = ModelSignature(inputs=Schema([TensorSpec(obs_dtype, (-1, *obs_shape))]), outputs=Schema([output]))
     name = model_name(card.task, algo)
     with tempfile.TemporaryDirectory() as scratch:
         # The model carries the code it imports, so it loads without this package installed.
@@ -188,7 +192,7 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
             artifacts={"module": str(module_dir)},
             code_paths=[str(p) for p in code_paths],
             signature=signature,
-            input_example=np.zeros((1, flat_dim(observation_space)), dtype=np.float32),
+            input_example=np.zeros((1, *obs_shape), dtype=obs_dtype),
             pip_requirements=[f"{lib}=={metadata.version(lib)}" for lib in ("ray", "torch", "gymnasium", "mlflow")],
         )
     # MLflow announces a registration on stderr ("Successfully registered model ..."); `orl train` reports the

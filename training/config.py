@@ -38,6 +38,10 @@ class LearnerParams:
     """Sizes of the policy network's hidden layers."""
     activation: str = "relu"
     """Hidden-layer activation: relu, tanh or silu."""
+    conv_filters: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
+    """For image observations: the CNN encoder's layers, each [channels, kernel, stride] (RLlib's `conv_filters`,
+    with `activation`); the default is the Nature DQN's, for 84x84 frames. The heads after it take RLlib's
+    defaults; `hidden_layers` size the networks on vector observations."""
     shuffle_buffer: int = 50_000
     """For datasets that stream (see `memory_cache_mib`): transitions held in the buffer that batches are
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
@@ -75,6 +79,9 @@ class LearnerParams:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_layer_sizes(self.hidden_layers)
+        if not self.conv_filters or any(len(layer) != 3 or min(layer) <= 0 for layer in self.conv_filters):
+            raise ValueError(f"conv_filters must be [channels, kernel, stride] layers of positive sizes, got "
+                             f"{self.conv_filters}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
         for name in self.per_dataset:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from common.observations import ModelInput
 from dataset_format import Col, column_to_numpy
 
 # RLlib's names: the module id of a single-agent batch, and its `Columns`.
@@ -44,6 +45,12 @@ def transitions(rows: pa.Table, names: tuple[str, ...] = tuple(TRAIN_COLUMNS.val
         if name in columns:
             columns[name] = columns[name].astype(np.float32, copy=False)
     return columns
+
+
+def network_observations(batch: dict[str, np.ndarray], model_input: ModelInput) -> dict[str, np.ndarray]:
+    """The batch with its observation columns as the network takes them (images channels-last, in [0, 1])."""
+    observations = {f"{DEFAULT_MODULE_ID}/{name}" for name in (OBS, NEXT_OBS, BOOTSTRAP_OBS)}
+    return {name: model_input(values) if name in observations else values for name, values in batch.items()}
 
 
 def flat(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ entry's own config. params.yaml's `algos` section is parsed into the entry's par
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import gymnasium as gym
 
 import dataset_format as dataset
 from common.errors import UserError
+from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, model_space
 from training.algorithms.batch_columns import cloning_batch, one_step, with_n_step, with_returns, with_unit_actions
 from training.algorithms.train_batches import BatchPlan, StreamSettings, TransitionsData
 from training.config import (
@@ -151,13 +153,26 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         raise UserError(f"{algo} needs {kinds} actions; this dataset's action space is {action_space}{hint}")
     stream = StreamSettings(read_ahead_bytes=params.stream_read_ahead_mib * 2**20,
                             block_bytes=params.stream_block_mib * 2**20)
+    plan = entry.batches(params, action_space)
+    model_config = dataclasses.asdict(DefaultModelConfig(
+        fcnet_hiddens=list(params.hidden_layers), fcnet_activation=params.activation, vf_share_layers=False))
+    if is_image(observation_space):
+        if isinstance(action_space, gym.spaces.Box):
+            raise UserError(f"{algo} on image observations needs discrete actions here: the continuous learners' "
+                            "Q-network takes vectors (ConcatQCatalog)")
+        # The CNN takes channels-last frames in [0, 1]; the module keeps the map, so a loaded policy maps raw frames
+        # the same way (common/observations.py).
+        images = ModelInput.of(observation_space)
+        plan = dataclasses.replace(plan, images=images)
+        model_config.update(conv_filters=params.conv_filters, conv_activation=params.activation,
+                            **{MODEL_INPUT_KEY: dataclasses.asdict(images)})
     return (
         entry.rllib_config(params)
-        .environment(observation_space=observation_space, action_space=action_space)
+        .environment(observation_space=model_space(observation_space), action_space=action_space)
         .offline_data(
             input_=[location.root],
             input_filesystem=location.fs,
-            offline_data_class=TransitionsData.for_plan(entry.batches(params, action_space), stream, location),
+            offline_data_class=TransitionsData.for_plan(plan, stream, location),
             dataset_num_iters_per_learner=params.updates_per_iteration,
             # Tasks, not RLlib's default 2 actors x 1 CPU, which starve the Parquet read task on 2 CPUs forever.
             map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
@@ -172,8 +187,7 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         .training(train_batch_size_per_learner=params.batch_size)
         # MARWIL's value function keeps its own layers, as in RLlib's MARWIL defaults: its targets are returns
         # on the reward's scale, whose loss would swamp the policy's through a shared encoder.
-        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(params.hidden_layers),
-                                                   fcnet_activation=params.activation, vf_share_layers=False))
+        .rl_module(model_config=model_config)
         .debugging(seed=seed)
         # Turns off RLlib's two finiteness checks per gradient tensor: our learners make one per update
         # (lean_learner.py).

@@ -27,6 +27,8 @@ from ray.rllib.offline.offline_data import OfflineData
 
 import dataset_format as dataset
 from common.errors import UserError
+from common.observations import ModelInput
+from training.algorithms.batch_columns import network_observations
 from training.algorithms.rllib_internals import offline_data_map_kwargs, offline_data_rows, set_offline_data_mapped
 
 
@@ -53,7 +55,7 @@ class InMemoryBatches:
     def load(self) -> InMemoryBatches:
         """Reads and maps the rows (once); this learner's share stays."""
         if self.columns is None:
-            mapped = self.plan.to_train_batch(dataset.read_table(self.location), **self.plan.kwargs)
+            mapped = self.plan.train_batch(dataset.read_table(self.location))
             shares = {name: values[self.shard::self.num_shards] for name, values in mapped.items()}
             # Columns Arrow handed over without a copy are read-only, which torch warns about.
             self.columns = {name: torch.from_numpy(share if share.flags.writeable and share.flags.c_contiguous
@@ -119,11 +121,17 @@ class StreamedBatches:
 @dataclass(frozen=True)
 class BatchPlan:
     """How an algorithm's learner batches are made from dataset rows: a batch_columns function and its
-    arguments, applied to `read_rows` rows at a time (None: each block as read)."""
+    arguments, applied to `read_rows` rows at a time (None: each block as read), then images made the network's
+    input (`images`, set by `rllib_config` for a dataset of images)."""
 
     to_train_batch: Callable[..., dict[str, np.ndarray]]
     kwargs: dict = field(default_factory=dict)
     read_rows: int | None = None
+    images: ModelInput | None = None
+
+    def train_batch(self, rows) -> dict[str, np.ndarray]:
+        batch = self.to_train_batch(rows, **self.kwargs)
+        return batch if self.images is None else network_observations(batch, self.images)
 
 
 @dataclass(frozen=True)
@@ -156,8 +164,8 @@ class TransitionsData(OfflineData):
         # now asks (it deprecated `concurrency`).
         map_cpus = map_kwargs["num_cpus"] * map_kwargs["concurrency"]
         map_kwargs["compute"] = TaskPoolStrategy(size=map_kwargs.pop("concurrency"))
-        data = data.map_batches(self.plan.to_train_batch, fn_kwargs=self.plan.kwargs, batch_size=self.plan.read_rows,
-                                batch_format="pyarrow", **map_kwargs)
+        data = data.map_batches(self.plan.train_batch, batch_size=self.plan.read_rows, batch_format="pyarrow",
+                                **map_kwargs)
         # Small datasets are mapped once and held as tensors by each learner (InMemoryBatches): no Ray Data
         # workers to start, and nothing in the object store. Larger ones stream.
         self.in_memory = config.materialize_mapped_data

@@ -1,0 +1,78 @@
+"""How a policy network sees a dataset's observations, given the space they are stored in.
+
+Vectors go in as they are, as float32. Images (a Box of three axes) go in channels-last, as RLlib's CNN encoders
+take them, and in [0, 1] when they are integers (uint8 pixels, divided by 255). Gymnasium's FrameStackObservation
+stacks frames on the first axis, so a (4, 84, 84) stack is channels-first: RLlib would read it as 4 rows of 84
+columns of 84 channels and build a network that runs, but on the wrong axes (docs/environments.md). The layout
+is read from the shape by one rule, with no guessing: the channel axis is the first or the last, whichever is
+shorter, and a shape where they tie is refused.
+
+Training maps its batches through `ModelInput`, and the module's checkpoint records it (`MODEL_INPUT_KEY` in its
+model config), so a loaded policy turns raw frames from an env, a dataset or an MLflow request into its input the
+same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from common.errors import UserError
+
+# The key of an image module's model config that holds its `ModelInput`, as a dict.
+MODEL_INPUT_KEY = "orl_model_input"
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """The map from stored observations (flat rows, or batches of the stored shape) to the network's input."""
+
+    shape: tuple[int, ...]
+    """The stored observation shape."""
+    channels_first: bool = False
+    """For images: the channel axis is the first (moved last for the network)."""
+    scale: float = 1.0
+    """Multiplies the values: 1/255 for integer images."""
+
+    @classmethod
+    def of_module(cls, module) -> ModelInput | None:
+        """The map a trained RLModule's checkpoint records; None for a module on vectors."""
+        recorded = (module.model_config or {}).get(MODEL_INPUT_KEY)
+        return cls(**{**recorded, "shape": tuple(recorded["shape"])}) if recorded else None
+
+    @classmethod
+    def of(cls, space: gym.Space) -> ModelInput:
+        if not is_image(space):
+            return cls(tuple(space.shape))
+        first, last = space.shape[0], space.shape[-1]
+        if first == last:
+            raise UserError(f"observation space {space}: its first and last axes are both {first} long, so which one "
+                            "holds the channels is unclear; reshape it with a wrapper (e.g. ReshapeObservation)")
+        integers = np.issubdtype(space.dtype, np.integer)
+        return cls(tuple(space.shape), channels_first=first < last, scale=1 / 255 if integers else 1.0)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """A batch of observations (flat rows or the stored shape) as the network's float32 input."""
+        batch = np.asarray(obs, dtype=np.float32).reshape(len(obs), *self.shape)
+        if self.channels_first:
+            batch = np.moveaxis(batch, 1, -1)
+        if self.scale != 1.0:
+            batch = batch * np.float32(self.scale)
+        return np.ascontiguousarray(batch)
+
+
+def model_space(space: gym.Space) -> gym.Space:
+    """The observation space the network is built for: a vector space as it is; an image's channels-last, in
+    [0, 1] for integer pixels."""
+    if not is_image(space):
+        return space
+    layout = ModelInput.of(space)
+    shape = layout.shape[1:] + layout.shape[:1] if layout.channels_first else layout.shape
+    low, high = (0.0, 1.0) if layout.scale != 1.0 else (-np.inf, np.inf)
+    return gym.spaces.Box(low, high, shape, np.float32)
+
+
+def is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3

@@ -1,0 +1,98 @@
+"""Atari through `orl`, sized for CI: ALE/Pong-v5 with AtariPreprocessing and a 4-frame stack collects uint8 frames,
+BC and DQN train CNNs on them, BC is evaluated, and its MLflow model predicts from a batch of frames."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+import dataset_format as dataset
+from dataset_format import Col
+from tests.conftest import REPO, orl
+
+pytestmark = pytest.mark.slow  # Atari emulators and CNNs, through several `orl` commands
+
+PONG = {"id": "ALE/Pong-v5", "import": ["ale_py"], "kwargs": {"frameskip": 1},  # AtariPreprocessing skips frames
+        "wrappers": ["AtariPreprocessing", {"FrameStackObservation": {"stack_size": 4}}],
+        "max_episode_steps": 400}  # emulator frames: about 100 agent steps
+TINY = {"iterations": 2, "updates_per_iteration": 5, "batch_size": 32}
+
+
+def run_orl(*args: str, cwd: Path) -> str:
+    result = orl(*args, cwd=cwd, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("atari")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["datasets"] = {"pong": {"env": PONG, "episodes": 4, "seed": 0, "policy": {"kind": "random"}}}
+    params["policy_datasets"], params["train"]["datasets"] = {}, []
+    params["collect"].update(num_collectors=2, envs_per_collector=2, episodes_per_task=2)
+    for algo in ("bc", "dqn"):
+        params["algos"][algo].update(TINY)
+    params["evaluate"].update(episodes=2)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    log = run_orl("collect", "pong", cwd=root)
+    assert "A.L.E" not in log  # the emulator's banner is no progress line of ours
+    for algo in ("bc", "dqn"):
+        run_orl("train", "--algo", algo, "--dataset", "datasets/pong", "--out", f"runs/{algo}", cwd=root)
+    return root
+
+
+def test_frames_are_stored_as_uint8_at_a_few_bytes_per_transition(workdir):
+    path = workdir / "datasets" / "pong"
+    card = dataset.validate(path)
+    assert card.observation_space == {"type": "Box", "shape": [4, 84, 84], "dtype": "uint8", "low": 0.0,
+                                      "high": 255.0}
+    schema = pq.read_schema(path / card.files[0]["path"])
+    assert str(schema.field(Col.OBS).type) == "fixed_size_list<element: uint8>[28224]"
+    on_disk = sum(f.stat().st_size for f in path.glob("*.parquet")) / card.transitions
+    arrays = dataset.load_arrays(path)
+    in_memory = (arrays[Col.OBS].nbytes + arrays[Col.NEW_OBS].nbytes) / card.transitions
+    print(f"\nPong, 4 stacked 84x84 frames: {on_disk:,.0f} bytes per transition on disk (zstd), "
+          f"{in_memory:,.0f} in memory (obs and new_obs, uint8)")
+    assert in_memory == 2 * 4 * 84 * 84 and on_disk < in_memory / 10
+
+
+@pytest.mark.parametrize("algo", ["bc", "dqn"])
+def test_learners_build_a_cnn_over_channels_last_frames(workdir, algo):
+    from common.trained_policy import load_rl_module
+
+    module = load_rl_module(workdir / "runs" / algo / "checkpoint")
+    assert module.observation_space.shape == (84, 84, 4)
+    assert "TorchCNNEncoder" in {type(m).__name__ for m in module.modules()}
+
+
+def test_bc_is_evaluated_in_the_env_and_its_mlflow_model_predicts_from_frames(workdir):
+    import mlflow
+
+    run_orl("reference", "--out", "references", cwd=workdir)
+    run_orl("evaluate", "runs/bc", "--references", "references", cwd=workdir)
+    metrics = json.loads((workdir / "runs" / "bc" / "eval.json").read_text())
+    assert metrics["episodes"] == 2 and "no ceiling reference" in metrics["no_normalized_score"]
+
+    info = json.loads((workdir / "runs" / "bc" / "run.json").read_text())
+    assert info["registered_model"]["name"] == "ALE-Pong-v5-bc"  # a registered model's name takes no "/"
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    try:
+        model = mlflow.pyfunc.load_model(info["registered_model"]["uri"])
+        frames = dataset.load_arrays(workdir / "datasets" / "pong")[Col.OBS][:5].reshape(5, 4, 84, 84)
+        actions = model.predict(frames)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert actions.shape == (5,) and set(actions.tolist()) <= set(range(6))
+
+
+def test_ope_says_why_it_has_no_estimate_for_images(workdir):
+    log = run_orl("ope", "runs/bc", "--dataset", "datasets/pong", "--references", "references", cwd=workdir)
+    ope = json.loads((workdir / "runs" / "bc" / "ope.json").read_text())
+    assert all("image observations" in ope["estimates"][name]["undefined"] for name in ("fqe", "wpdis", "dr"))
+    assert "image observations" in log
