@@ -77,7 +77,8 @@ class CallablePolicy(Policy):
         try:
             out = self.function(obs)
         except Exception as err:
-            raise UserError(f"behaviour policy {self.name} raised {type(err).__name__}: {err}; fix the "
+            said = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            raise UserError(f"behaviour policy {self.name} raised {type(err).__name__}: {said}; fix the "
                             "function") from None
         actions, logp = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
         return _checked_actions(self.name, actions, self.space, len(obs)), _checked_logp(self.name, logp, len(obs))

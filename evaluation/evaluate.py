@@ -12,10 +12,10 @@ import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common import plots
-from common.envs import EnvSpec
+from common.envs import EnvSpec, env_spaces
 from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
-from dataset_format import summarize
+from dataset_format import space_from_dict, space_to_dict, summarize
 from evaluation.config import EvaluateConfig, ReferenceConfig
 from evaluation.references import (
     CEILING,
@@ -56,6 +56,7 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     env = run.env()
     if env is None:
         return _no_simulator(run, info)
+    _require_the_trained_spaces(run, info, env)
     reference = read_reference(references_dir, env.label, config)
     tracking.connect()  # before the episodes, so an unreachable server fails fast
     sampled = config.sample_actions and info["policy_is_distribution"]
@@ -84,6 +85,18 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± {stats['std']:.1f}, {scored}",
           file=sys.stderr)
     return metrics
+
+
+def _require_the_trained_spaces(run: RunDir, info: dict, env: EnvSpec) -> None:
+    """The env must give the observations and take the actions the run's dataset holds (run.json records its
+    spaces; runs trained before it did are not checked)."""
+    trained = (info.get("observation_space"), info.get("action_space"))
+    if None in trained:
+        return
+    for what, recorded, made in zip(("observation", "action"), trained, env_spaces(env)):
+        if recorded != space_to_dict(made):
+            raise UserError(f"{run.path} was trained on the {what} space {space_from_dict(recorded)}, but env "
+                            f"{env.label} has {made}; evaluate it in the environment its dataset was collected in")
 
 
 def _no_simulator(run: RunDir, info: dict) -> dict:

@@ -110,8 +110,9 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
     validation = ope_validation.validate(points)
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary.write_text("# Offline RL results\n\nNormalized score: 0 = random policy, 100 = expert policy "
-                       "(measured on the evaluation seeds; the behaviour policy's on its collection episodes).\n\n"
+    summary.write_text("# Offline RL results\n\nNormalized score: 0 = the floor reference (the random policy unless "
+                       "params.yaml's `references:` says otherwise), 100 = the ceiling (measured on the evaluation "
+                       "seeds; the behaviour policy's on its collection episodes).\n\n"
                        + table + "\n![scores](scores.png)\n![returns](returns.png)\n"
                        "![learning curves](learning_curves.png)\n"
                        + (ope_section(estimate_rows, validation) if estimate_rows else ""))

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from common.envs import EnvSpec
@@ -134,6 +135,16 @@ def train_columns(algorithm, rows: int) -> dict:
 
     data = algorithm.offline_data.data.take_batch(rows, batch_format="numpy")
     return {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+
+
+def copy_pipeline(root: Path) -> dict:
+    """The project's pipeline (dvc.yaml, its ignore files and our packages) copied into `root`, for a real `dvc repro`
+    there; returns the project's params.yaml, loaded, for the test to shrink and write."""
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(REPO / name, root / name)
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def copy_dataset(src: Path, dst: Path) -> Path:

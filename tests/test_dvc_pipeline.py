@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 import dataset_format as dataset
-from tests.conftest import CARTPOLE_CONTROLLER, PACKAGES, REPO
+from tests.conftest import CARTPOLE_CONTROLLER, copy_pipeline
 
 pytestmark = pytest.mark.slow  # the real `dvc repro` of a whole pipeline
 
@@ -32,11 +31,7 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedPr
 def repo(tmp_path_factory) -> Path:
     """A copy of the project with small datasets, trained on the expert data only."""
     root = tmp_path_factory.mktemp("repo")
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(REPO / name, root / name)
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = copy_pipeline(root)
     params["datasets"] = {
         "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
         "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": CARTPOLE_CONTROLLER},

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
-from tests.conftest import CORRIDOR, PACKAGES, REPO, USER_CODE
+from tests.conftest import CORRIDOR, USER_CODE, copy_pipeline
 
 pytestmark = pytest.mark.slow  # the real `dvc repro` of a whole pipeline
 
@@ -43,11 +42,7 @@ def user_env(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, user_env) -> Path:
     root = tmp_path_factory.mktemp("repo")
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(REPO / name, root / name)
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = copy_pipeline(root)
     params["datasets"] = {"corridor-mixed": {
         "env": CORRIDOR.to_dict(), "episodes": 60, "seed": 0,
         "policy": {"kind": "mixture", "epsilon": 0.3, "base": WALK_RIGHT}}}

@@ -111,6 +111,8 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.L
             "dataset_path": dataset_dir.uri,
             "env_id": card.env_id,
             "env_spec": card.env.to_dict() if card.env else None,
+            "observation_space": card.observation_space,
+            "action_space": card.action_space,
             "mlflow_run_id": mlflow_run.info.run_id,
             "mlflow_experiment_id": experiment_id,
             "registered_model": {"name": name, "version": version, "uri": f"models:/{name}/{version}"},

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, assert_user_error, orl
+from common.envs import env_spaces
+from dataset_format import space_to_dict
+from tests.conftest import CORRIDOR, REPO, USER_CODE, assert_user_error, orl
 
 
 @pytest.fixture
@@ -35,6 +38,51 @@ def test_unknown_env_id(workdir):
     params["datasets"]["cartpole-expert"]["env"] = "Pong-v5"
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
     assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), "unknown env id 'Pong-v5'", "import: [ale_py]")
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"entry_point": "no_such_sim.envs:World"}, "env World: entry_point 'no_such_sim.envs:World' cannot be imported"),
+    ({"id": "CartPole-v1", "kwargs": {"gravity": 3}}, "env CartPole-v1 cannot be made with kwargs {'gravity': 3}"),
+    ({"id": "CartPole-v1", "wrappers": ["FrameStack"]},
+     "unknown wrapper 'FrameStack': did you mean FrameStackObservation"),
+    ({"id": "CartPole-v1", "entry_point": "a.b:C"}, "datasets.cartpole-expert.env: an env spec gives either `id`"),
+])
+def test_a_bad_env_spec_ends_collection_in_one_line(workdir, env, message):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["datasets"]["cartpole-expert"]["env"] = env
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), message)
+    assert not (workdir / "datasets").exists()
+
+
+@pytest.mark.parametrize("env,controller,message", [
+    ("CartPole-v1", "examples.controllers:nope", "behaviour policy examples.controllers:nope cannot be imported"),
+    ("CartPole-v1", "examples.controllers:pendulum",  # Pendulum's controller unpacks 3 numbers, CartPole gives 4
+     "behaviour policy examples.controllers:pendulum raised ValueError: too many values to unpack"),
+    (CORRIDOR.to_dict(), "corridor_sim.control:two_columns",
+     "behaviour policy corridor_sim.control:two_columns returned actions of shape (1, 2)"),
+    (CORRIDOR.to_dict(), "corridor_sim.control:beyond_the_space",
+     "behaviour policy corridor_sim.control:beyond_the_space returned 7, outside the action space Discrete(3)"),
+])
+def test_a_broken_controller_ends_collection_in_one_line_and_writes_nothing(workdir, env, controller, message):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["datasets"]["cartpole-expert"].update(env=env, policy={"kind": "callable", "callable": controller})
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    result = orl("collect", "cartpole-expert", cwd=workdir, env={"PYTHONPATH": str(USER_CODE)})
+    assert_user_error(result, message)
+    assert not (workdir / "datasets").exists()
+
+
+def test_evaluation_refuses_an_env_whose_spaces_are_not_the_trained_ones(workdir):
+    """A run of CartPole data (run.json records its spaces) pointed at Acrobot: refused before any episode."""
+    observation_space, action_space = (space_to_dict(space) for space in env_spaces("CartPole-v1"))
+    run = workdir / "runs" / "bc-elsewhere"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({
+        "env_id": "Acrobot-v1", "env_spec": {"id": "Acrobot-v1"}, "observation_space": observation_space,
+        "action_space": action_space, "dataset": "cartpole-expert"}))
+    assert_user_error(orl("evaluate", str(run), "--references", "references", cwd=workdir),
+                      f"{run} was trained on the observation space Box(", "but env Acrobot-v1 has Box(")
 
 
 def test_existing_run_is_not_overwritten(workdir, expert_dataset):
