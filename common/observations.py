@@ -1,15 +1,16 @@
 """How a policy network sees a dataset's observations, given the space they are stored in.
 
-Vectors go in as they are, as float32. Images (a Box of three axes) go in channels-last, as RLlib's CNN encoders
-take them, and in [0, 1] when they are integers (uint8 pixels, divided by 255). Gymnasium's FrameStackObservation
+Vectors go in as they are, as float32. A Discrete observation (stored as its integer) goes in one-hot. Images (a
+Box of three axes) go in channels-last, as RLlib's CNN encoders take them, and in [0, 1] when they are integers
+(uint8 pixels, divided by 255). Gymnasium's FrameStackObservation
 stacks frames on the first axis, so a (4, 84, 84) stack is channels-first: RLlib would read it as 4 rows of 84
 columns of 84 channels and build a network that runs, but on the wrong axes (docs/environments.md). The layout
 is read from the shape by one rule, with no guessing: the channel axis is the first or the last, whichever is
 shorter, and a shape where they tie is refused.
 
 Training maps its batches through `ModelInput`, and the module's checkpoint records it (`MODEL_INPUT_KEY` in its
-model config), so a loaded policy turns raw frames from an env, a dataset or an MLflow request into its input the
-same way.
+model config), so a loaded policy turns raw observations from an env, a dataset or an MLflow request into its input
+the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from common.errors import UserError
 
-# The key of an image module's model config that holds its `ModelInput`, as a dict.
+# The key of a module's model config that holds its `ModelInput`, as a dict (modules on vectors have none).
 MODEL_INPUT_KEY = "orl_model_input"
 
 
@@ -35,6 +36,8 @@ class ModelInput:
     """For images: the channel axis is the first (moved last for the network)."""
     scale: float = 1.0
     """Multiplies the values: 1/255 for integer images."""
+    one_hot: int = 0
+    """For a Discrete observation: its number of values, the width of the one-hot vector."""
 
     @classmethod
     def of_module(cls, module) -> ModelInput | None:
@@ -44,6 +47,8 @@ class ModelInput:
 
     @classmethod
     def of(cls, space: gym.Space) -> ModelInput:
+        if isinstance(space, gym.spaces.Discrete):
+            return cls((), one_hot=int(space.n))
         if not is_image(space):
             return cls(tuple(space.shape))
         first, last = space.shape[0], space.shape[-1]
@@ -55,6 +60,8 @@ class ModelInput:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """A batch of observations (flat rows or the stored shape) as the network's float32 input."""
+        if self.one_hot:
+            return np.eye(self.one_hot, dtype=np.float32)[np.asarray(obs).reshape(len(obs)).astype(np.int64)]
         batch = np.asarray(obs, dtype=np.float32).reshape(len(obs), *self.shape)
         if self.channels_first:
             batch = np.moveaxis(batch, 1, -1)
@@ -64,14 +71,21 @@ class ModelInput:
 
 
 def model_space(space: gym.Space) -> gym.Space:
-    """The observation space the network is built for: a vector space as it is; an image's channels-last, in
-    [0, 1] for integer pixels."""
+    """The observation space the network is built for: a vector space as it is; a Discrete one's one-hot vector;
+    an image's channels-last, in [0, 1] for integer pixels."""
+    if isinstance(space, gym.spaces.Discrete):
+        return gym.spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
     if not is_image(space):
         return space
     layout = ModelInput.of(space)
     shape = layout.shape[1:] + layout.shape[:1] if layout.channels_first else layout.shape
     low, high = (0.0, 1.0) if layout.scale != 1.0 else (-np.inf, np.inf)
     return gym.spaces.Box(low, high, shape, np.float32)
+
+
+def is_mapped(space: gym.Space) -> bool:
+    """Whether the network takes observations of this space otherwise than as their stored rows."""
+    return isinstance(space, gym.spaces.Discrete) or is_image(space)
 
 
 def is_image(space: gym.Space) -> bool:

@@ -30,7 +30,7 @@ class ModulePolicy:
         self.module = module
         self.space = action_space
         self.greedy = greedy
-        self.images = ModelInput.of_module(module)  # None: vectors, taken as they are
+        self.model_input = ModelInput.of_module(module)  # None: vectors, taken as they are
         # Its distribution over discrete actions; a Box's clipped samples have no density.
         self.with_logp = isinstance(action_space, gym.spaces.Discrete)
         self.deterministic = greedy
@@ -39,7 +39,7 @@ class ModulePolicy:
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
 
-        obs = self.images(obs) if self.images is not None else obs
+        obs = self.model_input(obs) if self.model_input is not None else obs
         batch = {"obs": torch.tensor(obs, dtype=torch.float32)}  # a copy: dataset arrays are read-only
         with torch.no_grad():
             out = self.module.forward_inference(batch)

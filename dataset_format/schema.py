@@ -6,7 +6,8 @@ so stock RLlib reads a dataset as-is:
     eps_id  int64                          global episode index (also its seed index)
     t       int32                          step within the episode, 0-based
     obs     fixed_size_list<T>[d]          observation before the step, flattened: T is float32 for a Box of floats,
-                                           else the Box's own dtype (uint8 pixels stay uint8); the card has its shape
+                                           else the Box's own dtype (uint8 pixels stay uint8); the card has its shape.
+            | int64                        a Discrete observation (FrozenLake's cell, Taxi's state)
     actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
     rewards float32
     new_obs fixed_size_list<T>[d]          observation after the step
@@ -49,17 +50,20 @@ def _encode_bound(values: np.ndarray) -> list | float | str:
 
 
 def require_storable(observation_space: gym.Space, action_space: gym.Space, what: str) -> None:
-    """Refuses, in one line naming `what` and the space, spaces a dataset cannot hold: observations must be a Box
-    (a Discrete, Dict or Tuple one is one-hot encoded and flattened into a Box by gymnasium's FlattenObservation
-    wrapper), actions a Box or a Discrete space starting at 0."""
-    if not isinstance(observation_space, gym.spaces.Box):
+    """Refuses, in one line naming `what` and the space, spaces a dataset cannot hold: observations and actions
+    must be a Box or a Discrete space starting at 0 (a Dict or Tuple observation is flattened into a Box by
+    gymnasium's FlattenObservation wrapper)."""
+    if not (isinstance(observation_space, gym.spaces.Box) or _discrete_from_0(observation_space)):
         raise UserError(f"{what}: observation space {observation_space} cannot be stored: datasets hold Box "
-                        "observations; add the wrapper FlattenObservation to the env spec (`wrappers: "
-                        "[FlattenObservation]`), which one-hot encodes Discrete parts and flattens Dict and Tuple ones")
-    if not (isinstance(action_space, gym.spaces.Box)
-            or (isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0)):
+                        "observations or Discrete ones starting at 0; add the wrapper FlattenObservation to the env "
+                        "spec (`wrappers: [FlattenObservation]`), which flattens Dict and Tuple ones into a Box")
+    if not (isinstance(action_space, gym.spaces.Box) or _discrete_from_0(action_space)):
         raise UserError(f"{what}: action space {action_space} cannot be stored: datasets hold Box actions or "
                         "Discrete ones starting at 0 (MultiDiscrete: wrap the env to act on one Discrete space)")
+
+
+def _discrete_from_0(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Discrete) and space.start == 0
 
 
 def space_to_dict(space: gym.Space) -> dict:
@@ -101,7 +105,10 @@ def observation_value_type(space: gym.spaces.Box) -> pa.DataType:
 
 def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool) -> pa.Schema:
     """The exact Arrow schema of a dataset with these spaces."""
-    obs_type = pa.list_(observation_value_type(observation_space), flat_dim(observation_space))
+    if isinstance(observation_space, gym.spaces.Discrete):
+        obs_type = pa.int64()
+    else:
+        obs_type = pa.list_(observation_value_type(observation_space), flat_dim(observation_space))
     if isinstance(action_space, gym.spaces.Discrete):
         action_type = pa.int64()
     else:

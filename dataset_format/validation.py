@@ -159,7 +159,7 @@ def _check_values(file: str, table: pa.Table, spaces: tuple[gym.Space, gym.Space
         row = int(np.argmax(t != expected_t))
         fail(Col.T, row, f"is {t[row]} where episode {eps_id[row]} is at step {expected_t[row]}")
     previous_new_obs = np.concatenate([new_obs[:1] if chain.new_obs is None else chain.new_obs[None], new_obs[:-1]])
-    mismatch = np.flatnonzero(~starts & np.any(obs != previous_new_obs, axis=1))
+    mismatch = np.flatnonzero(~starts & (obs != previous_new_obs).reshape(len(obs), -1).any(axis=1))
     if len(mismatch):
         fail(Col.OBS, int(mismatch[0]), "is not the previous step's new_obs")
     return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), new_obs[-1].copy())

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.observations import ModelInput
 from dataset_format import Col, episode_bounds
 from evaluation.config import OPEConfig
 
@@ -63,19 +64,22 @@ class Episodes:
 class QFunction:
     """A fitted Q-network, in the units of the rewards, held within the returns the rewards allow."""
 
-    def __init__(self, net: torch.nn.Module, scale: float, bounds: ValueBounds, discrete: bool):
+    def __init__(self, net: torch.nn.Module, scale: float, bounds: ValueBounds, discrete: bool,
+                 observations: ModelInput):
         self.net, self.scale, self.bounds, self.discrete = net, scale, bounds, discrete
+        self.observations = observations
 
     def values(self, obs: np.ndarray, t: np.ndarray, pi: np.ndarray) -> np.ndarray:
         """V(s_t) = E_{a ~ pi} Q(s_t, a)."""
         with torch.no_grad():
-            value = _value(self.net, _features(obs, t, self.bounds.horizon), _tensor(pi), self.discrete)
+            value = _value(self.net, _features(self.observations, obs, t, self.bounds.horizon), _tensor(pi),
+                           self.discrete)
             return self.scale * self.bounds.clamp(value, t).numpy()
 
     def q(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """Q(s_t, a_t) of the given actions."""
         with torch.no_grad():
-            features = _features(obs, t, self.bounds.horizon)
+            features = _features(self.observations, obs, t, self.bounds.horizon)
             value = _q_taken(self.net, features, torch.tensor(actions), self.discrete)
             return self.scale * self.bounds.clamp(value, t).numpy()
 
@@ -100,15 +104,16 @@ class ValueBounds:
 
 
 def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, horizon: int, config: OPEConfig,
-            progress: Callable[[int, int, float], None]) -> QFunction:
+            progress: Callable[[int, int, float], None], observations: ModelInput) -> QFunction:
     """Fits Q to r + gamma * V(s') on the episodes' transitions; `pi_next` is the policy at each `new_obs`, and
-    `num_actions` the size of a Discrete action space (None for Box)."""
+    `num_actions` the size of a Discrete action space (None for Box). `observations` maps the stored observations
+    to the network's input (a Discrete one one-hot)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     discrete = num_actions is not None
     t = a[Col.T].astype(np.int64)
-    x, x_next = _features(a[Col.OBS], t, horizon), _features(a[Col.NEW_OBS], t + 1, horizon)
+    x, x_next = _features(observations, a[Col.OBS], t, horizon), _features(observations, a[Col.NEW_OBS], t + 1, horizon)
     actions, pi_next = torch.tensor(a[Col.ACTIONS]), _tensor(pi_next)  # copies: dataset arrays are read-only
     # Nothing follows a terminal state, nor the last step of an episode the time limit cut.
     done = a[Col.TERMINATEDS] | (a[Col.TRUNCATEDS] & (t + 1 >= horizon))
@@ -135,7 +140,7 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
             loss.backward()
             optimizer.step()
         progress(iteration, iterations, loss.item() * scale**2)
-    return QFunction(net.eval(), scale, bounds, discrete)
+    return QFunction(net.eval(), scale, bounds, discrete, observations)
 
 
 def log_ratios(episodes: Episodes, pi: np.ndarray) -> np.ndarray:
@@ -199,9 +204,9 @@ def bootstrap(statistic: Callable[[np.ndarray], float], episodes: int, config: O
     return float(low), float(high)
 
 
-def _features(obs: np.ndarray, t: np.ndarray, horizon: int) -> torch.Tensor:
+def _features(observations: ModelInput, obs: np.ndarray, t: np.ndarray, horizon: int) -> torch.Tensor:
     """The state and the share of the horizon already spent."""
-    return torch.as_tensor(np.hstack([obs, (t / horizon)[:, None]]), dtype=torch.float32)
+    return torch.as_tensor(np.hstack([observations(obs), (t / horizon)[:, None]]), dtype=torch.float32)
 
 
 def _tensor(pi: np.ndarray) -> torch.Tensor:

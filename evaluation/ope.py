@@ -19,7 +19,7 @@ import dataset_format as dataset
 import tracking
 from common.envs import EnvSpec, time_limit
 from common.errors import UserError
-from common.observations import is_image
+from common.observations import ModelInput, is_image
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -86,7 +86,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     action_space = card.spaces[1]
     discrete = isinstance(action_space, gym.spaces.Discrete)
     q = fit_fqe(fit, _pi(policy, fit.arrays[Col.NEW_OBS], discrete, config.seed),
-                action_space.n if discrete else None, horizon, config, _progress(label))
+                action_space.n if discrete else None, horizon, config, _progress(label), ModelInput.of(card.spaces[0]))
     a = held_out.arrays
     pi = _pi(policy, a[Col.OBS], discrete, config.seed)
     v = q.values(a[Col.OBS], a[Col.T], pi)

@@ -1,31 +1,34 @@
 """Gymnasium's other environments through `orl`, as a user names them in params.yaml: MountainCar, FrozenLake and
-Taxi (Discrete observations, one-hot through FlattenObservation) collect, train and evaluate; MuJoCo's HalfCheetah
-collects and trains CQL and IQL. Spaces a dataset cannot hold are refused in one line."""
+Taxi (Discrete observations, stored as integers) collect, train and evaluate; MuJoCo's HalfCheetah collects and
+trains CQL and IQL. A Dict observation is refused in one line, and collects once flattened."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
-from tests.conftest import REPO, assert_user_error, orl
+from tests.conftest import REPO, USER_CODE, assert_user_error, orl
 
 pytestmark = pytest.mark.slow  # a dozen `orl` commands, each starting Ray
 
-ONE_HOT = ["FlattenObservation"]  # Discrete observations become one-hot Boxes
+SIGNPOST = {"entry_point": "corridor_sim.env:SignpostCorridorEnv", "max_episode_steps": 30}  # Dict observations
 DATASETS = {
     "car": {"env": "MountainCar-v0", "episodes": 4, "seed": 0, "policy": {"kind": "random"}},
-    "lake": {"env": {"id": "FrozenLake-v1", "kwargs": {"is_slippery": False}, "wrappers": ONE_HOT},
-             "episodes": 20, "seed": 0, "policy": {"kind": "random"}},
-    "taxi": {"env": {"id": "Taxi-v3", "wrappers": ONE_HOT, "max_episode_steps": 50}, "episodes": 6, "seed": 0,
+    "lake": {"env": {"id": "FrozenLake-v1", "kwargs": {"is_slippery": False}}, "episodes": 20, "seed": 0,
+             "policy": {"kind": "random"}},
+    "taxi": {"env": {"id": "Taxi-v3", "max_episode_steps": 50}, "episodes": 6, "seed": 0,
              "policy": {"kind": "random"}},
     "cheetah": {"env": {"id": "HalfCheetah-v5", "max_episode_steps": 50}, "episodes": 4, "seed": 0,
                 "policy": {"kind": "random"}},
-    "bare-lake": {"env": "FrozenLake-v1", "episodes": 2, "seed": 0, "policy": {"kind": "random"}},
+    "signpost": {"env": SIGNPOST, "episodes": 2, "seed": 0, "policy": {"kind": "random"}},
+    "flat-signpost": {"env": {**SIGNPOST, "wrappers": ["FlattenObservation"]}, "episodes": 2, "seed": 0,
+                      "policy": {"kind": "random"}},
 }
 TINY = {"iterations": 2, "updates_per_iteration": 5, "batch_size": 32}
 
@@ -52,20 +55,24 @@ def collected(workdir) -> Path:
 
 
 def test_each_env_is_collected_at_its_spaces(collected):
-    expected = {"car": ((2,), "Discrete"), "lake": ((16,), "Discrete"), "taxi": ((500,), "Discrete"),
-                "cheetah": ((17,), "Box")}
-    for name, (shape, action_type) in expected.items():
+    expected = {"car": ({"type": "Box", "shape": [2]}, "Discrete"),
+                "lake": ({"type": "Discrete", "n": 16}, "Discrete"),
+                "taxi": ({"type": "Discrete", "n": 500}, "Discrete"),
+                "cheetah": ({"type": "Box", "shape": [17]}, "Box")}
+    for name, (observations, action_type) in expected.items():
         card = dataset.validate(collected / "datasets" / name)
-        assert tuple(card.observation_space["shape"]) == shape and card.action_space["type"] == action_type
+        assert observations.items() <= card.observation_space.items() and card.action_space["type"] == action_type
         assert card.env_spec == (DATASETS[name]["env"] if isinstance(DATASETS[name]["env"], dict)
                                  else {"id": DATASETS[name]["env"]})
-    lake = dataset.load_arrays(collected / "datasets" / "lake")[Col.OBS]
-    assert set(lake.sum(axis=1).tolist()) == {1.0}  # one-hot
+    lake = collected / "datasets" / "lake"
+    assert str(pq.read_schema(next(lake.glob("*.parquet"))).field(Col.OBS).type) == "int64"  # the cell, as it is
+    assert set(dataset.load_arrays(lake)[Col.OBS].tolist()) <= set(range(16))
     assert "mujoco" in dataset.read_card(collected / "datasets" / "cheetah").library_versions
 
 
 @pytest.mark.parametrize("name", ["car", "lake", "taxi"])
 def test_bc_trains_and_is_evaluated_in_raw_returns_without_a_ceiling(collected, name):
+    """On Discrete observations the network takes them one-hot, in training and in the env alike."""
     run = f"runs/bc-{name}"
     result = orl("train", "--algo", "bc", "--dataset", f"datasets/{name}", "--out", run, cwd=collected, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -87,7 +94,12 @@ def test_continuous_control_learners_train_on_mujoco(collected, algo):
     assert (collected / "runs" / f"{algo}-cheetah" / "checkpoint").is_dir()
 
 
-def test_discrete_observations_without_the_flattening_are_refused_in_one_line(workdir):
-    assert_user_error(orl("collect", "bare-lake", cwd=workdir), "env FrozenLake-v1: observation space Discrete(16) "
-                      "cannot be stored", "wrappers: [FlattenObservation]")
-    assert not (workdir / "datasets" / "bare-lake").exists()
+def test_a_dict_observation_is_refused_in_one_line_and_collects_once_flattened(workdir):
+    user = {"PYTHONPATH": str(USER_CODE)}
+    assert_user_error(orl("collect", "signpost", cwd=workdir, env=user),
+                      "env SignpostCorridorEnv: observation space Dict(", "wrappers: [FlattenObservation]")
+    assert not (workdir / "datasets" / "signpost").exists()
+    result = orl("collect", "flat-signpost", cwd=workdir, env=user, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # position (1) and the signpost one-hot (2)
+    assert dataset.read_card(workdir / "datasets" / "flat-signpost").observation_space["shape"] == [3]

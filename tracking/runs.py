@@ -13,6 +13,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import gymnasium as gym
 import mlflow
 import numpy as np
 from mlflow.utils.logging_utils import disable_logging, enable_logging
@@ -171,8 +172,9 @@ def log_policy_model(card: DatasetCard, module_dir: Path, algo: str) -> tuple[st
         output = TensorSpec(np.dtype(np.int64), (-1,))
     else:
         output = TensorSpec(np.dtype(np.float32), (-1, flat_dim(action_space)))
-    # A batch of vectors as float32 rows; of images, as the env gives them (e.g. uint8 stacks of frames).
-    if is_image(observation_space):
+    # A batch of vectors as float32 rows; of images or Discrete observations, as the env gives them (uint8 stacks of
+    # frames, integers).
+    if is_image(observation_space) or isinstance(observation_space, gym.spaces.Discrete):
         obs_dtype, obs_shape = np.dtype(observation_space.dtype), tuple(observation_space.shape)
     else:
         obs_dtype, obs_shape = np.dtype(np.float32), (flat_dim(observation_space),)

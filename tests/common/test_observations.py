@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, model_space
+from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 
 FRAME_STACK = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # FrameStackObservation: frames on the first axis
 RGB = gym.spaces.Box(0, 255, (64, 48, 3), np.uint8)  # channels-last already
@@ -53,3 +53,11 @@ def test_a_module_recording_its_input_map_gives_it_back():
     module = SimpleNamespace(model_config={MODEL_INPUT_KEY: dataclasses.asdict(images)})
     assert ModelInput.of_module(module) == images
     assert ModelInput.of_module(SimpleNamespace(model_config={"fcnet_hiddens": [8]})) is None
+
+
+def test_a_discrete_observation_goes_in_one_hot():
+    space = gym.spaces.Discrete(5)
+    assert is_mapped(space) and not is_image(space)
+    out = ModelInput.of(space)(np.array([0, 3, 4]))
+    np.testing.assert_array_equal(out, np.eye(5, dtype=np.float32)[[0, 3, 4]])
+    assert model_space(space) == gym.spaces.Box(0.0, 1.0, (5,), np.float32)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
+import gymnasium as gym
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -191,3 +194,23 @@ def test_write_keeps_the_row_order_of_large_blocks(expert_dataset, tmp_path):
     written = dataset.write(blocks, tmp_path / "large", dataclasses.replace(card, episodes=episodes), file_bytes=2**30)
     assert [f["rows"] for f in written.files] == [table.num_rows]
     assert dataset.load_table(tmp_path / "large").equals(table)
+
+
+def test_observations_are_stored_at_their_dtype():
+    discrete = dataset.arrow_schema(gym.spaces.Discrete(16), gym.spaces.Discrete(4), with_logp=False)
+    assert discrete.field(Col.OBS).type == pa.int64() and discrete.field(Col.NEW_OBS).type == pa.int64()
+    frames = dataset.arrow_schema(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), False)
+    assert frames.field(Col.OBS).type == pa.list_(pa.uint8(), 28224)
+    floats = dataset.arrow_schema(gym.spaces.Box(-1.0, 1.0, (17,), np.float64), gym.spaces.Discrete(2), False)
+    assert floats.field(Col.OBS).type == pa.list_(pa.float32(), 17)  # float32, as learners read
+
+
+@pytest.mark.parametrize("observation_space,action_space,message", [
+    (gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2), "observation space Dict("),
+    (gym.spaces.Discrete(3, start=1), gym.spaces.Discrete(2), "observation space Discrete(3, start=1)"),
+    (gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([2, 3]), "action space MultiDiscrete([2 3])"),
+])
+def test_spaces_a_dataset_cannot_hold_are_refused_in_one_line(observation_space, action_space, message):
+    with pytest.raises(UserError, match=re.escape(f"env X: {message}")) as err:
+        dataset.require_storable(observation_space, action_space, "env X")
+    assert "\n" not in str(err.value)

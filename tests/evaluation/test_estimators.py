@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
@@ -20,6 +21,9 @@ from evaluation.ope_validation import regret_at_1, spearman, validate
 HORIZON = 8
 CONFIG = OPEConfig(hidden_layers=[32, 32], iterations=HORIZON + 4, updates_per_iteration=100, batch_size=128,
                    bootstrap_samples=100)
+
+
+VECTORS = ModelInput((2,))  # the 2-d observations, as they are
 
 
 def logged_episodes(episodes: int, behaviour_p0: float = 0.5, seed: int = 0) -> Episodes:
@@ -44,7 +48,7 @@ def policy(p0: float, rows: int) -> np.ndarray:
 
 def estimates(episodes: Episodes, p0: float, config: OPEConfig = CONFIG) -> dict[str, float]:
     a = episodes.arrays
-    q = fit_fqe(episodes, policy(p0, len(a[Col.T])), 2, HORIZON, config, lambda *_: None)
+    q = fit_fqe(episodes, policy(p0, len(a[Col.T])), 2, HORIZON, config, lambda *_: None, VECTORS)
     pi = policy(p0, len(a[Col.T]))
     v = q.values(a[Col.OBS], a[Col.T], pi)
     weighted = Weighted.of(episodes, log_ratios(episodes, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
@@ -84,7 +88,7 @@ def test_fqe_stays_within_the_returns_the_rewards_allow_for_actions_the_data_nev
     held within [min reward, max reward x steps left], so the estimate cannot run away."""
     episodes = logged_episodes(50, behaviour_p0=1.0)
     a = episodes.arrays
-    q = fit_fqe(episodes, policy(0.0, len(a[Col.T])), 2, HORIZON, CONFIG, lambda *_: None)
+    q = fit_fqe(episodes, policy(0.0, len(a[Col.T])), 2, HORIZON, CONFIG, lambda *_: None, VECTORS)
     v = q.values(a[Col.OBS], a[Col.T], policy(0.0, len(a[Col.T])))
     assert np.all(v >= 0.0) and np.all(v <= HORIZON - a[Col.T] + 1e-4)
 
@@ -94,7 +98,8 @@ def test_fqe_is_seeded_and_reports_its_progress():
     lines = []
     config = OPEConfig(hidden_layers=[8], iterations=5, updates_per_iteration=3, batch_size=16)
     first = estimates(episodes, 0.5, config)
-    fit_fqe(episodes, policy(0.5, len(episodes.arrays[Col.T])), 2, HORIZON, config, lambda *args: lines.append(args))
+    fit_fqe(episodes, policy(0.5, len(episodes.arrays[Col.T])), 2, HORIZON, config,
+            lambda *args: lines.append(args), VECTORS)
     assert first == estimates(episodes, 0.5, config)
     assert [line[:2] for line in lines] == [(i, 5) for i in range(1, 6)] and all(line[2] >= 0 for line in lines)
 
@@ -141,6 +146,6 @@ def test_fqe_on_continuous_actions_values_the_action_the_policy_takes():
     episodes = Episodes.of(a)
     for c in (0.5, -0.5):
         acting = np.full((len(a[Col.T]), 1), c, dtype=np.float32)
-        q = fit_fqe(episodes, acting, None, HORIZON, CONFIG, lambda *_: None)
+        q = fit_fqe(episodes, acting, None, HORIZON, CONFIG, lambda *_: None, VECTORS)
         value = q.values(a[Col.OBS], a[Col.T], acting)[episodes.starts].mean()
         assert value == pytest.approx(-HORIZON * (c - 0.5) ** 2, rel=0.12, abs=0.3), c

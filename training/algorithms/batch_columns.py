@@ -48,7 +48,8 @@ def transitions(rows: pa.Table, names: tuple[str, ...] = tuple(TRAIN_COLUMNS.val
 
 
 def network_observations(batch: dict[str, np.ndarray], model_input: ModelInput) -> dict[str, np.ndarray]:
-    """The batch with its observation columns as the network takes them (images channels-last, in [0, 1])."""
+    """The batch with its observation columns as the network takes them (images channels-last in [0, 1], Discrete
+    observations one-hot)."""
     observations = {f"{DEFAULT_MODULE_ID}/{name}" for name in (OBS, NEXT_OBS, BOOTSTRAP_OBS)}
     return {name: model_input(values) if name in observations else values for name, values in batch.items()}
 

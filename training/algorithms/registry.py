@@ -16,7 +16,7 @@ import gymnasium as gym
 
 import dataset_format as dataset
 from common.errors import UserError
-from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, model_space
+from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 from training.algorithms.batch_columns import cloning_batch, one_step, with_n_step, with_returns, with_unit_actions
 from training.algorithms.train_batches import BatchPlan, StreamSettings, TransitionsData
 from training.config import (
@@ -160,12 +160,13 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         if isinstance(action_space, gym.spaces.Box):
             raise UserError(f"{algo} on image observations needs discrete actions here: the continuous learners' "
                             "Q-network takes vectors (ConcatQCatalog)")
-        # The CNN takes channels-last frames in [0, 1]; the module keeps the map, so a loaded policy maps raw frames
-        # the same way (common/observations.py).
-        images = ModelInput.of(observation_space)
-        plan = dataclasses.replace(plan, images=images)
-        model_config.update(conv_filters=params.conv_filters, conv_activation=params.activation,
-                            **{MODEL_INPUT_KEY: dataclasses.asdict(images)})
+        model_config.update(conv_filters=params.conv_filters, conv_activation=params.activation)
+    if is_mapped(observation_space):
+        # A CNN takes channels-last frames in [0, 1], an MLP a Discrete observation one-hot; the module keeps the map,
+        # so a loaded policy maps raw observations the same way (common/observations.py).
+        model_input = ModelInput.of(observation_space)
+        plan = dataclasses.replace(plan, model_input=model_input)
+        model_config[MODEL_INPUT_KEY] = dataclasses.asdict(model_input)
     return (
         entry.rllib_config(params)
         .environment(observation_space=model_space(observation_space), action_space=action_space)

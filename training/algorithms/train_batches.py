@@ -121,17 +121,17 @@ class StreamedBatches:
 @dataclass(frozen=True)
 class BatchPlan:
     """How an algorithm's learner batches are made from dataset rows: a batch_columns function and its
-    arguments, applied to `read_rows` rows at a time (None: each block as read), then images made the network's
-    input (`images`, set by `rllib_config` for a dataset of images)."""
+    arguments, applied to `read_rows` rows at a time (None: each block as read), then observations made the
+    network's input (`model_input`, set by `rllib_config` for images and Discrete observations)."""
 
     to_train_batch: Callable[..., dict[str, np.ndarray]]
     kwargs: dict = field(default_factory=dict)
     read_rows: int | None = None
-    images: ModelInput | None = None
+    model_input: ModelInput | None = None
 
     def train_batch(self, rows) -> dict[str, np.ndarray]:
         batch = self.to_train_batch(rows, **self.kwargs)
-        return batch if self.images is None else network_observations(batch, self.images)
+        return batch if self.model_input is None else network_observations(batch, self.model_input)
 
 
 @dataclass(frozen=True)
