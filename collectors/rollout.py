@@ -23,7 +23,7 @@ from collectors.config import PolicyConfig
 from collectors.policies import Policy, RandomPolicy, build_policy, worker_env_vars
 from common.envs import EnvSpec, make_env, step_actions
 from common.trained_policy import is_mlflow_uri
-from dataset_format import Col, arrow_schema, episode_stats, transitions_table
+from dataset_format import Col, arrow_schema, episode_stats, require_storable, transitions_table
 
 
 def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
@@ -252,11 +252,20 @@ class Rollouts(NamedTuple):
     """How many episodes each Ray node ran, by node id."""
 
 
+def check_env(env: EnvSpec) -> None:
+    """Makes the env once in this process: a bad spec, an env this process cannot import or spaces no dataset
+    holds fail here, in one line, not in the actors."""
+    made = make_env(env)
+    made.close()
+    require_storable(made.observation_space, made.action_space, f"env {EnvSpec.of(env).label}")
+
+
 def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
                     label: str) -> Rollouts:
     """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation).
 
     Each actor gets several tasks, so that one slow to start (loading a model on a busy node) still takes a share."""
+    check_env(env)
     per_task = -(-episodes // (num_workers * TASKS_PER_WORKER))
     tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
     with progress_lines(label, episodes) as progress:

@@ -10,7 +10,7 @@ import mlflow
 
 import tracking
 from collectors.config import PolicyConfig
-from collectors.rollout import rollout_returns
+from collectors.rollout import check_env, rollout_returns
 from common import plots
 from common.envs import EnvSpec, env_spaces
 from common.errors import UserError
@@ -31,6 +31,8 @@ from evaluation.references import (
 def measure_references(envs: list[EnvSpec], references: dict[str, ReferenceConfig], config: EvaluateConfig,
                        references_dir: str | Path) -> None:
     """Writes references/ENV.json for each env: its floor and ceiling returns on the evaluation seeds."""
+    for env in envs:  # every env made before any is measured: a bad one fails first, with nothing written
+        check_env(env)
     for env in sorted(envs, key=lambda e: e.label):
         given = references.get(env.label, ReferenceConfig())
         result = {"env_id": env.label, "seed": config.seed, "episodes": config.episodes}

@@ -26,11 +26,9 @@ DATASETS = {
              "policy": {"kind": "random"}},
     "cheetah": {"env": {"id": "HalfCheetah-v5", "max_episode_steps": 50}, "episodes": 4, "seed": 0,
                 "policy": {"kind": "random"}},
-    "signpost": {"env": SIGNPOST, "episodes": 2, "seed": 0, "policy": {"kind": "random"}},
-    "flat-signpost": {"env": {**SIGNPOST, "wrappers": ["FlattenObservation"]}, "episodes": 2, "seed": 0,
-                      "policy": {"kind": "random"}},
 }
 TINY = {"iterations": 2, "updates_per_iteration": 5, "batch_size": 32}
+USER = {"PYTHONPATH": str(USER_CODE)}  # the signpost env's package, as the user's shell has it
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +47,7 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def collected(workdir) -> Path:
     for name in ("car", "lake", "taxi", "cheetah"):
-        result = orl("collect", name, cwd=workdir, timeout=600)
+        result = orl("collect", name, cwd=workdir, env=USER, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     return workdir
 
@@ -74,12 +72,13 @@ def test_each_env_is_collected_at_its_spaces(collected):
 def test_bc_trains_and_is_evaluated_in_raw_returns_without_a_ceiling(collected, name):
     """On Discrete observations the network takes them one-hot, in training and in the env alike."""
     run = f"runs/bc-{name}"
-    result = orl("train", "--algo", "bc", "--dataset", f"datasets/{name}", "--out", run, cwd=collected, timeout=600)
+    result = orl("train", "--algo", "bc", "--dataset", f"datasets/{name}", "--out", run, cwd=collected, env=USER,
+                 timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     if not (collected / "references").is_dir():
-        result = orl("reference", "--out", "references", cwd=collected, timeout=900)
+        result = orl("reference", "--out", "references", cwd=collected, env=USER, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
-    result = orl("evaluate", run, "--references", "references", cwd=collected, timeout=600)
+    result = orl("evaluate", run, "--references", "references", cwd=collected, env=USER, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((collected / run / "eval.json").read_text())
     assert metrics["episodes"] == 4 and "normalized_score" not in metrics
@@ -94,12 +93,19 @@ def test_continuous_control_learners_train_on_mujoco(collected, algo):
     assert (collected / "runs" / f"{algo}-cheetah" / "checkpoint").is_dir()
 
 
-def test_a_dict_observation_is_refused_in_one_line_and_collects_once_flattened(workdir):
-    user = {"PYTHONPATH": str(USER_CODE)}
-    assert_user_error(orl("collect", "signpost", cwd=workdir, env=user),
-                      "env SignpostCorridorEnv: observation space Dict(", "wrappers: [FlattenObservation]")
-    assert not (workdir / "datasets" / "signpost").exists()
-    result = orl("collect", "flat-signpost", cwd=workdir, env=user, timeout=600)
+def test_a_dict_observation_is_refused_in_one_line_and_collects_once_flattened(tmp_path):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["datasets"] = {
+        "signpost": {"env": SIGNPOST, "episodes": 2, "seed": 0, "policy": {"kind": "random"}},
+        "flat-signpost": {"env": {**SIGNPOST, "wrappers": ["FlattenObservation"]}, "episodes": 2, "seed": 0,
+                          "policy": {"kind": "random"}}}
+    params["policy_datasets"], params["train"]["datasets"] = {}, []
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    for command in (["collect", "signpost"], ["reference", "--out", "references"]):
+        assert_user_error(orl(*command, cwd=tmp_path, env=USER),
+                          "env SignpostCorridorEnv: observation space Dict(", "wrappers: [FlattenObservation]")
+    assert not (tmp_path / "datasets").exists() and not (tmp_path / "references").exists()
+    result = orl("collect", "flat-signpost", cwd=tmp_path, env=USER, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     # position (1) and the signpost one-hot (2)
-    assert dataset.read_card(workdir / "datasets" / "flat-signpost").observation_space["shape"] == [3]
+    assert dataset.read_card(tmp_path / "datasets" / "flat-signpost").observation_space["shape"] == [3]

@@ -40,11 +40,10 @@ def test_unknown_env_id(workdir):
     assert_user_error(orl("collect", "cartpole-expert", cwd=workdir), "unknown env id 'Pong-v5'", "import: [ale_py]")
 
 
+# Every bad spec's and controller's line is tested where it is made (tests/common/test_envs.py,
+# tests/collectors/test_policies.py); here, that `orl` ends with it, exit 2 and nothing written.
 @pytest.mark.parametrize("env,message", [
     ({"entry_point": "no_such_sim.envs:World"}, "env World: entry_point 'no_such_sim.envs:World' cannot be imported"),
-    ({"id": "CartPole-v1", "kwargs": {"gravity": 3}}, "env CartPole-v1 cannot be made with kwargs {'gravity': 3}"),
-    ({"id": "CartPole-v1", "wrappers": ["FrameStack"]},
-     "unknown wrapper 'FrameStack': did you mean FrameStackObservation"),
     ({"id": "CartPole-v1", "entry_point": "a.b:C"}, "datasets.cartpole-expert.env: an env spec gives either `id`"),
 ])
 def test_a_bad_env_spec_ends_collection_in_one_line(workdir, env, message):
@@ -55,12 +54,17 @@ def test_a_bad_env_spec_ends_collection_in_one_line(workdir, env, message):
     assert not (workdir / "datasets").exists()
 
 
+def test_a_bad_env_spec_ends_the_references_in_one_line(workdir):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["datasets"]["cartpole-expert"]["env"] = {"entry_point": "no_such_sim.envs:World"}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    assert_user_error(orl("reference", "--out", "references", cwd=workdir),
+                      "env World: entry_point 'no_such_sim.envs:World' cannot be imported")
+
+
 @pytest.mark.parametrize("env,controller,message", [
-    ("CartPole-v1", "examples.controllers:nope", "behaviour policy examples.controllers:nope cannot be imported"),
     ("CartPole-v1", "examples.controllers:pendulum",  # Pendulum's controller unpacks 3 numbers, CartPole gives 4
      "behaviour policy examples.controllers:pendulum raised ValueError: too many values to unpack"),
-    (CORRIDOR.to_dict(), "corridor_sim.control:two_columns",
-     "behaviour policy corridor_sim.control:two_columns returned actions of shape (1, 2)"),
     (CORRIDOR.to_dict(), "corridor_sim.control:beyond_the_space",
      "behaviour policy corridor_sim.control:beyond_the_space returned 7, outside the action space Discrete(3)"),
 ])
