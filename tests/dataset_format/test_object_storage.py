@@ -20,6 +20,8 @@ from collectors.collect import collect
 from collectors.config import DatasetConfig
 from common.errors import UserError
 from tests.conftest import (
+    CARTPOLE_CONTROLLER,
+    CARTPOLE_EXPERT,
     REPO,
     S3_ENV,
     TINY_COLLECT,
@@ -34,7 +36,7 @@ from tracking import dvc_digest
 
 pytestmark = pytest.mark.slow  # the S3-compatible server, and collections killed midway
 
-EXPERT = DatasetConfig(env="CartPole-v1", episodes=20, seed=3)  # the expert_dataset fixture's spec
+EXPERT = DatasetConfig(env="CartPole-v1", episodes=20, seed=3, policy=CARTPOLE_EXPERT)  # expert_dataset's spec
 
 
 def objects(bucket: str, prefix: str) -> dict[str, bytes]:
@@ -95,7 +97,7 @@ def test_orl_lists_shows_validates_and_trains_from_s3(expert_dataset, bucket, tm
 
 
 def test_an_interrupted_collection_leaves_no_readable_dataset_and_a_rerun_is_identical(bucket, tmp_path):
-    write_params(tmp_path, {"big": {"env": "CartPole-v1", "episodes": 100, "seed": 8}})
+    write_params(tmp_path, {"big": {"env": "CartPole-v1", "episodes": 100, "seed": 8, "policy": CARTPOLE_CONTROLLER}})
     clean = orl("collect", "big", "--out", "clean", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr[-3000:]
     uri, prefix = f"s3://{bucket}/big", "big/"
@@ -122,13 +124,15 @@ def test_an_interrupted_collection_leaves_no_readable_dataset_and_a_rerun_is_ide
 
 def test_a_dataset_on_s3_is_never_overwritten(expert_dataset, bucket, tmp_path):
     uri = upload(expert_dataset, bucket, "cartpole-expert")
-    write_params(tmp_path, {"cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3}})
+    write_params(tmp_path, {"cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3,
+                                                "policy": CARTPOLE_CONTROLLER}})
     assert_user_error(orl("collect", "cartpole-expert", "--out", uri, cwd=tmp_path), uri, "already holds a dataset")
     assert objects(bucket, "cartpole-expert/") == local_bytes(expert_dataset)
 
 
 def test_bad_storage_input_is_one_line_naming_the_uri(expert_dataset, bucket, tmp_path):
-    write_params(tmp_path, {"cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3}})
+    write_params(tmp_path, {"cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3,
+                                                "policy": CARTPOLE_CONTROLLER}})
     upload(expert_dataset, bucket, "not-a-dataset/files")  # a prefix of prefixes, no card
     cases = [
         ({}, ["datasets", "show", f"s3://{bucket}/not-a-dataset"], ["_card.json is missing"]),
