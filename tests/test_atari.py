@@ -95,3 +95,17 @@ def test_ope_says_why_it_has_no_estimate_for_images(workdir):
     ope = json.loads((workdir / "runs" / "bc" / "ope.json").read_text())
     assert all("image observations" in ope["estimates"][name]["undefined"] for name in ("fqe", "wpdis", "dr"))
     assert "image observations" in log
+
+
+def test_frames_go_to_minari_and_come_back_with_the_same_rows(workdir, tmp_path):
+    store = {"MINARI_DATASETS_PATH": str(tmp_path / "minari")}
+    result = orl("datasets", "export", "datasets/pong", "--to", "minari", "--id", "orl/pong-v0", cwd=workdir, env=store)
+    assert result.returncode == 0, result.stderr[-3000:]
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["imports"] = {"pong-back": {"format": "minari", "source": "orl/pong-v0", "env": PONG}}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    result = orl("datasets", "import", "pong-back", "--out", str(tmp_path / "back"), cwd=workdir, env=store)
+    assert result.returncode == 0, result.stderr[-3000:]
+    original, back = dataset.load_table(workdir / "datasets" / "pong"), dataset.load_table(tmp_path / "back")
+    columns = [c for c in original.column_names if c != Col.ACTION_LOGP]  # Minari keeps no log-probabilities
+    assert back.select(columns).equals(original.select(columns))
