@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from collectors.config import PolicyConfig
-from common.errors import UserError
+from common.errors import UserError, first_line
 from common.trained_policy import MLflowPolicy, ModulePolicy, is_mlflow_uri, load_rl_module
 
 
@@ -77,8 +77,7 @@ class CallablePolicy(Policy):
         try:
             out = self.function(obs)
         except Exception as err:
-            said = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
-            raise UserError(f"behaviour policy {self.name} raised {type(err).__name__}: {said}; fix the "
+            raise UserError(f"behaviour policy {self.name} raised {type(err).__name__}: {first_line(err)}; fix the "
                             "function") from None
         actions, logp = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
         return _checked_actions(self.name, actions, self.space, len(obs)), _checked_logp(self.name, logp, len(obs))

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 import ray
@@ -252,12 +253,13 @@ class Rollouts(NamedTuple):
     """How many episodes each Ray node ran, by node id."""
 
 
-def check_env(env: EnvSpec) -> None:
-    """Makes the env once in this process: a bad spec, an env this process cannot import or spaces no dataset
-    holds fail here, in one line, not in the actors."""
+def check_env(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
+    """The env's spaces, from making it once in this process: a bad spec, an env this process cannot import or
+    spaces no dataset holds fail here, in one line, not in `rollout_returns`' actors (call it first)."""
     made = make_env(env)
     made.close()
     require_storable(made.observation_space, made.action_space, f"env {EnvSpec.of(env).label}")
+    return made.observation_space, made.action_space
 
 
 def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
@@ -265,7 +267,6 @@ def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episod
     """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation).
 
     Each actor gets several tasks, so that one slow to start (loading a model on a busy node) still takes a share."""
-    check_env(env)
     per_task = -(-episodes // (num_workers * TASKS_PER_WORKER))
     tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
     with progress_lines(label, episodes) as progress:

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import gymnasium.wrappers
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def make_env(spec: EnvSpec | str) -> gym.Env:
         raise UserError(f"env {spec.label} needs an extra package ({err}); install the project's pinned "
                         "requirements") from None
     except (TypeError, ValueError, AttributeError, gym.error.Error) as err:
-        raise UserError(f"env {spec.label} cannot be made with kwargs {spec.kwargs} ({_first_line(err)}); "
+        raise UserError(f"env {spec.label} cannot be made with kwargs {spec.kwargs} ({first_line(err)}); "
                         "fix its `kwargs`") from None
     for wrapper in spec.wrappers:
         env = _wrap(env, wrapper, spec)
@@ -204,7 +204,7 @@ def _wrap(env: gym.Env, wrapper: str | dict, spec: EnvSpec) -> gym.Env:
     try:
         return cls(env, **kwargs)
     except (TypeError, ValueError, gym.error.Error) as err:
-        raise UserError(f"env {spec.label}: wrapper {name} with kwargs {kwargs} fails ({_first_line(err)})") from None
+        raise UserError(f"env {spec.label}: wrapper {name} with kwargs {kwargs} fails ({first_line(err)})") from None
 
 
 def _quiet_native_banners() -> None:
@@ -219,7 +219,3 @@ def _import(module: str, what: str):
         return importlib.import_module(module)
     except ImportError as err:
         raise UserError(f"{what} cannot be imported ({err}); install its package or put it on PYTHONPATH") from None
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -8,6 +8,12 @@ class UserError(Exception):
     """
 
 
+def first_line(err: BaseException) -> str:
+    """A library's error message cut to its first line (its type's name when it has none), for a UserError."""
+    message = str(err).strip()
+    return message.splitlines()[0] if message else type(err).__name__
+
+
 def refuse_to_overwrite(path) -> None:
     """Outputs are never overwritten: raises if `path` exists."""
     if path.exists():

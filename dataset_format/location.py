@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 
 S3_SCHEME = "s3://"
 
@@ -148,7 +148,7 @@ class storage_errors:
 
 
 def storage_error(location: Location, error: BaseException) -> UserError:
-    reason = str(error).splitlines()[0]
+    reason = first_line(error)
     where = f"the S3 endpoint {s3_endpoint() or 'of AWS'}"
     bucket = location.root.split("/", 1)[0]
     if "NETWORK_CONNECTION" in reason or "Couldn't connect" in reason or "curlCode" in reason:

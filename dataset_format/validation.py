@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from dataset_format.card import CARD_FILE, DatasetCard, read_card
 from dataset_format.location import Location, locate, storage_error
 from dataset_format.schema import Col, column_to_numpy, space_to_dict
@@ -99,7 +99,7 @@ def _row_groups_checked(location: Location, name: str, expected: pa.Schema, rows
     except (OSError, pa.ArrowException) as err:
         if isinstance(err, OSError) and not location.is_local:  # the store failed, not the file
             raise storage_error(location, err) from None
-        reason = str(err).splitlines()[0]
+        reason = first_line(err)
         raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
 
 

@@ -12,7 +12,7 @@ import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import check_env, rollout_returns
 from common import plots
-from common.envs import EnvSpec, env_spaces
+from common.envs import EnvSpec
 from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
 from dataset_format import space_from_dict, space_to_dict, summarize
@@ -69,11 +69,11 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     stats = summarize(returns)
     metrics = {f"return_{k}": v for k, v in stats.items()}
     score = normalized_score(stats["mean"], reference)
+    unscored = {} if score is not None else {"no_normalized_score": no_score_reason(env.label)}
     if score is not None:
         metrics["normalized_score"] = score
     metrics["episodes"] = len(returns)
-    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled,
-                                  **({} if score is not None else {"no_normalized_score": no_score_reason(env.label)})})
+    write_json(run.eval_metrics, {**metrics, "sampled_actions": sampled, **unscored})
     write_csv(run.eval_returns, [{"episode": i, "return": float(r)} for i, r in enumerate(returns)])
     plots.return_distributions({run.path.name: list(returns)},
                                reference_returns(reference), run.eval_returns_plot)
@@ -81,21 +81,22 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in metrics.items()})
         mlflow.set_tags({"eval.actions": actions, "eval.episodes_by_ray_node": json.dumps(nodes, sort_keys=True),
-                         **({} if score is not None else {"eval.no_normalized_score": no_score_reason(env.label)})})
+                         **{f"eval.{key}": reason for key, reason in unscored.items()}})
         mlflow.log_artifact(str(run.eval_returns_plot), "plots")
-    scored = f"normalized score {score:.1f}" if score is not None else no_score_reason(env.label)
+    scored = f"normalized score {score:.1f}" if score is not None else unscored["no_normalized_score"]
     print(f"[evaluate {run.path.name}, {actions}] return {stats['mean']:.1f} ± {stats['std']:.1f}, {scored}",
           file=sys.stderr)
     return metrics
 
 
 def _require_the_trained_spaces(run: RunDir, info: dict, env: EnvSpec) -> None:
-    """The env must give the observations and take the actions the run's dataset holds (run.json records its
-    spaces; runs trained before it did are not checked)."""
+    """Makes the env once, before the actors do (`check_env`): it must give the observations and take the actions
+    the run's dataset holds (run.json records its spaces; runs trained before it did are not checked)."""
+    made_spaces = check_env(env)
     trained = (info.get("observation_space"), info.get("action_space"))
     if None in trained:
         return
-    for what, recorded, made in zip(("observation", "action"), trained, env_spaces(env)):
+    for what, recorded, made in zip(("observation", "action"), trained, made_spaces):
         if recorded != space_to_dict(made):
             raise UserError(f"{run.path} was trained on the {what} space {space_from_dict(recorded)}, but env "
                             f"{env.label} has {made}; evaluate it in the environment its dataset was collected in")

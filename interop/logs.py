@@ -16,7 +16,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from common.envs import env_spaces
-from common.errors import UserError
+from common.errors import UserError, first_line
 from dataset_format import Col, column_to_numpy, episode_bounds, flat_dim
 from interop.config import ColumnMapping, ImportConfig
 from interop.source import Source
@@ -97,7 +97,7 @@ class _Log:
             else:
                 table = pq.read_table(file)
         except (OSError, pa.ArrowException) as err:
-            raise UserError(f"{file} is not a readable {file.suffix[1:]} file ({str(err).splitlines()[0]})") from None
+            raise UserError(f"{file} is not a readable {file.suffix[1:]} file ({first_line(err)})") from None
         missing = [name for name in needed if name not in table.column_names]
         if missing:
             raise UserError(f"{file}: column '{missing[0]}' named in `columns` is missing; its columns are "

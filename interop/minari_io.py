@@ -18,7 +18,7 @@ import numpy as np
 
 import dataset_format as dataset
 from common.envs import EnvSpec, env_spaces, make_env
-from common.errors import UserError
+from common.errors import UserError, first_line
 from dataset_format import Col, episode_bounds
 from interop.config import ImportConfig
 from interop.source import Source
@@ -77,8 +77,7 @@ def _open(source: str):
         raise UserError(f"no Minari dataset at {source}: it is neither a directory nor an id in the local Minari "
                         f"store ({minari.storage.get_dataset_path()}); `minari download` it or fix the path") from None
     except (OSError, ValueError, KeyError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UserError(f"{source} is not a readable Minari dataset ({reason})") from None
+        raise UserError(f"{source} is not a readable Minari dataset ({first_line(err)})") from None
 
 
 def _require_env_spaces(config: ImportConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -171,7 +170,7 @@ def export_minari(path: str, dataset_id: str) -> Path:
     except BaseException as err:
         shutil.rmtree(target, ignore_errors=True)  # no half-written dataset in the store
         if isinstance(err, ValueError):  # Minari's word on a bad id
-            raise UserError(f"cannot export to Minari as {dataset_id}: {str(err).splitlines()[0]}") from None
+            raise UserError(f"cannot export to Minari as {dataset_id}: {first_line(err)}") from None
         raise
     print(f"[export {card.name}] wrote Minari dataset {dataset_id} ({card.episodes} episodes, {card.transitions} "
           f"steps) to {target}", file=sys.stderr)
