@@ -54,20 +54,57 @@ class Episodes:
 
     def padded(self, values: np.ndarray) -> np.ndarray:
         """Per-transition values as an (episodes, longest episode) matrix, 0 after each episode's end."""
-        lengths = self.lengths
-        matrix = np.zeros((len(self), lengths.max()), dtype=np.float64)
-        episode = np.repeat(np.arange(len(self)), lengths)
-        matrix[episode, np.arange(len(episode)) - np.repeat(self.starts, lengths)] = values
+        matrix = np.zeros((len(self), self.lengths.max()), dtype=np.float64)
+        matrix[self._cells()] = values
         return matrix
+
+    def returns_to_go(self, gamma: float) -> np.ndarray:
+        """Each transition's logged return from its step to its episode's end, discounted by gamma."""
+        rewards = self.padded(self.arrays[Col.REWARDS])
+        to_go = np.zeros_like(rewards)
+        following = np.zeros(len(self))
+        for step in reversed(range(rewards.shape[1])):
+            following = to_go[:, step] = rewards[:, step] + gamma * following
+        return to_go[self._cells()]
+
+    def _cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """(episode, step) of each transition in `padded`'s matrix."""
+        lengths = self.lengths
+        episode = np.repeat(np.arange(len(self)), lengths)
+        return episode, np.arange(len(episode)) - np.repeat(self.starts, lengths)
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """How FQE's fit went, in squared units of the rewards. A fit whose final TD loss is above the variance of the
+    logged returns-to-go predicts one step worse than a constant would predict the return: it did not converge, and
+    its values are no estimate."""
+
+    td_loss_start: float
+    """Mean TD loss over the first tenth of the iterations."""
+    td_loss: float
+    """Mean TD loss over the last tenth of the iterations."""
+    td_loss_limit: float
+    """The variance of the logged returns-to-go."""
+
+    @property
+    def converged(self) -> bool:
+        return bool(np.isfinite(self.td_loss) and self.td_loss <= self.td_loss_limit)
 
 
 class QFunction:
-    """A fitted Q-network, in the units of the rewards, held within the returns the rewards allow."""
+    """A fitted Q-network, in the units of the rewards, held within the returns the data allows."""
 
     def __init__(self, net: torch.nn.Module, scale: float, bounds: ValueBounds, discrete: bool,
-                 observations: ModelInput):
+                 observations: ModelInput, fit: FitReport):
         self.net, self.scale, self.bounds, self.discrete = net, scale, bounds, discrete
-        self.observations = observations
+        self.observations, self.fit = observations, fit
+
+    def return_range(self) -> tuple[float, float]:
+        """The lowest and highest return from an episode's first step that the data allows."""
+        ends = torch.tensor([-np.inf, np.inf], dtype=torch.float64)
+        low, high = self.bounds.clamp(ends, np.zeros(2, dtype=np.int64)).tolist()
+        return self.scale * low, self.scale * high
 
     def values(self, obs: np.ndarray, t: np.ndarray, pi: np.ndarray) -> np.ndarray:
         """V(s_t) = E_{a ~ pi} Q(s_t, a)."""
@@ -86,20 +123,23 @@ class QFunction:
 
 @dataclass(frozen=True)
 class ValueBounds:
-    """The values a state at step t can have: between the smallest and largest logged reward, summed (discounted)
-    over one step up to every step left before the horizon. Bootstrapped targets are held within them, so that
-    values of actions the data never shows cannot grow without end (FQE diverges otherwise on narrow data)."""
+    """The values a state at step t can have as far as the data shows: within the smallest and largest logged
+    return-to-go, and within the smallest and largest logged reward summed (discounted) over the steps left before
+    the horizon. Bootstrapped targets are held within them, so that the values of actions the data never shows at
+    a state cannot run away: a greedy policy's FQE fit diverged otherwise (docs/ope.md, "Values the data allows")."""
 
     horizon: int
     gamma: float
     reward_min: float
     reward_max: float
+    return_min: float
+    return_max: float
 
     def clamp(self, values: torch.Tensor, t: np.ndarray) -> torch.Tensor:
         steps_left = np.maximum(self.horizon - t, 1)
         most = steps_left if self.gamma == 1 else (1 - self.gamma**steps_left) / (1 - self.gamma)
-        low = np.minimum(self.reward_min, self.reward_min * most)
-        high = np.maximum(self.reward_max, self.reward_max * most)
+        low = np.maximum(np.minimum(self.reward_min, self.reward_min * most), self.return_min)
+        high = np.minimum(np.maximum(self.reward_max, self.reward_max * most), self.return_max)
         return torch.clamp(values, torch.as_tensor(low, dtype=values.dtype), torch.as_tensor(high, dtype=values.dtype))
 
 
@@ -120,7 +160,9 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
     # Fitted in units of (horizon x mean |reward|), so that Q-values are of order 1 whatever the rewards' size.
     scale = float(max(horizon * np.abs(a[Col.REWARDS]).mean(), 1e-6))
     rewards = torch.as_tensor(a[Col.REWARDS] / scale, dtype=torch.float32)
-    bounds = ValueBounds(horizon, config.gamma, float(rewards.min()), float(rewards.max()))
+    returns_to_go = episodes.returns_to_go(config.gamma) / scale
+    bounds = ValueBounds(horizon, config.gamma, float(rewards.min()), float(rewards.max()),
+                         float(returns_to_go.min()), float(returns_to_go.max()))
     discount = torch.as_tensor(config.gamma * ~done, dtype=torch.float32)
 
     in_features = x.shape[1] + (0 if discrete else actions.shape[1])
@@ -128,6 +170,7 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
     target = copy.deepcopy(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     iterations = config.iterations or horizon
+    losses = np.zeros(iterations)  # each iteration's mean TD loss, in squared units of the rewards
     for iteration in range(1, iterations + 1):
         target.load_state_dict(net.state_dict())
         for _ in range(config.updates_per_iteration):
@@ -139,8 +182,12 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        progress(iteration, iterations, loss.item() * scale**2)
-    return QFunction(net.eval(), scale, bounds, discrete, observations)
+            losses[iteration - 1] += loss.item() * scale**2 / config.updates_per_iteration
+        progress(iteration, iterations, losses[iteration - 1])
+    tenth = max(1, iterations // 10)
+    fit = FitReport(float(losses[:tenth].mean()), float(losses[-tenth:].mean()),
+                    float(np.var(returns_to_go * scale)))
+    return QFunction(net.eval(), scale, bounds, discrete, observations, fit)
 
 
 def log_ratios(episodes: Episodes, pi: np.ndarray) -> np.ndarray:

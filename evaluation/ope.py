@@ -8,6 +8,7 @@ references, else the return. The estimators are in evaluation/estimators.py.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from evaluation.references import CEILING, normalized_score, read_reference
 
 # Rows of observations the policy sees at once: bounds memory on large datasets.
 POLICY_CHUNK = 65_536
+
+# Why an estimate that applies gave no number: the report's cell for it.
+DID_NOT_CONVERGE, OUT_OF_RANGE = "did not converge", "out of range"
 
 
 def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, config: OPEConfig,
@@ -64,8 +68,10 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                     if estimators is None or name in estimators})
     write_json(run.ope_metrics, output)
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
-        mlflow.log_metrics({f"ope/{name}{suffix}": r[key] for name, r in results.items() if "value" in r
-                            for suffix, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))})
+        mlflow.log_metrics({f"ope/{name}{suffix}": r.get(key, math.nan) for name, r in results.items()
+                            if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
+                            for suffix, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))}
+                           | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {}))
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
                          **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
         mlflow.log_artifact(str(run.ope_metrics), "ope")
@@ -90,19 +96,25 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     a = held_out.arrays
     pi = _pi(policy, a[Col.OBS], discrete, config.seed)
     v = q.values(a[Col.OBS], a[Col.T], pi)
+    allowed = q.return_range()
     results: dict[str, dict] = {}
     if FQE in estimators:
         initial = v[held_out.starts]
         results[FQE] = _estimate(float(initial.mean()), lambda sample: float(initial[sample].mean()),
-                                 len(held_out), config, reference)
+                                 len(held_out), config, reference, allowed)
     if WPDIS in estimators or DR in estimators:
         weighted = Weighted.of(held_out, log_ratios(held_out, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
                                config.gamma)
         for name, statistic in ((WPDIS, Weighted.wpdis), (DR, Weighted.wdr)):
             if name in estimators:
                 results[name] = _estimate(statistic(weighted), lambda s, f=statistic: f(weighted.resampled(s)),
-                                          len(held_out), config, reference)
+                                          len(held_out), config, reference, allowed)
                 results[name]["effective_episodes"] = weighted.effective_episodes()
+    if not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
+        reason = (f"FQE did not converge: its final TD loss {q.fit.td_loss:.4g} is above the variance of the logged "
+                  f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")
+        results.update({name: {"undefined": reason, "status": DID_NOT_CONVERGE, "td_loss": q.fit.td_loss}
+                        for name in (FQE, DR) if name in results})
     same = fit is held_out
     return {
         "dataset": card.name, "units": "normalized score" if reference else "return", "horizon": horizon,
@@ -110,6 +122,9 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
         "episodes": {"total": len(fit) + (0 if same else len(held_out)), "fit": len(fit),
                      "estimated_on": len(held_out), "held_out_fraction": config.held_out_fraction,
                      "split_seed": config.seed},
+        "fqe_fit": {"td_loss_start": q.fit.td_loss_start, "td_loss": q.fit.td_loss,
+                    "td_loss_limit": q.fit.td_loss_limit, "converged": q.fit.converged},
+        "returns_allowed": list(allowed),
         "estimates": results,
     }
 
@@ -121,7 +136,7 @@ def select(dataset_name: str, estimator: str) -> dict:
     metric = f"ope/{estimator}"
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
-    candidates = [r for r in runs if metric in r.data.metrics]
+    candidates = [r for r in runs if math.isfinite(r.data.metrics.get(metric, math.nan))]
     if not candidates:
         raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} "
                         f"(tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first")
@@ -210,9 +225,14 @@ def _pi(policy: ModulePolicy, obs: np.ndarray, discrete: bool, seed: int) -> np.
     return np.concatenate(chunks)
 
 
-def _estimate(value: float, statistic, episodes: int, config: OPEConfig, reference: dict | None) -> dict:
+def _estimate(value: float, statistic, episodes: int, config: OPEConfig, reference: dict | None,
+              allowed: tuple[float, float]) -> dict:
     """An estimate and its bootstrap interval, in normalized units where there are references (with the raw
-    return beside it)."""
+    return beside it); none where the return lies outside the `allowed` range (FQE's `return_range`)."""
+    slack = 1e-6 * (allowed[1] - allowed[0])  # float rounding at the ends
+    if not allowed[0] - slack <= value <= allowed[1] + slack:
+        return {"undefined": f"its return {value:.4g} is outside the returns the data allows "
+                             f"[{allowed[0]:.4g}, {allowed[1]:.4g}]; no estimate", "status": OUT_OF_RANGE}
     low, high = bootstrap(statistic, episodes, config)
     if reference is None:
         return {"value": value, "ci_low": low, "ci_high": high}

@@ -2,30 +2,33 @@
 policies, per dataset and pooled.
 
 - Spearman rank correlation: does the estimator order the policies as the environment does?
-- Regret@1: (true score of the best policy - true score of the policy the estimator ranks first) / the best's
-  score; 0 when the estimator picks the best policy.
+- Regret@1: (true score of the best policy - true score of the policy the estimator ranks first) / (the best's
+  true score - the worst's), in [0, 1]: 0 when the estimator picks the best policy, 1 when it picks the worst.
 - Mean absolute error, in the estimates' units.
+
+Where every policy of a dataset has the same true score, nothing can be ranked: Spearman and regret@1 are None
+("n/a (all equal)" in the table).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pandas as pd
 
 
-def spearman(estimates: list[float], truths: list[float]) -> float:
-    """Pearson correlation of the ranks (ties share their mean rank); NaN under two distinct values."""
+def spearman(estimates: list[float], truths: list[float]) -> float | None:
+    """Pearson correlation of the ranks (ties share their mean rank); None where the truths are all equal, 0 where
+    the estimates are (they rank nothing)."""
     a, b = pd.Series(estimates).rank().to_numpy(), pd.Series(truths).rank().to_numpy()
-    if len(a) < 2 or a.std() == 0 or b.std() == 0:
-        return math.nan
-    return float(np.corrcoef(a, b)[0, 1])
+    if len(b) < 2 or b.std() == 0:
+        return None
+    return 0.0 if a.std() == 0 else float(np.corrcoef(a, b)[0, 1])
 
 
-def regret_at_1(estimates: list[float], truths: list[float]) -> float:
-    best, chosen = max(truths), truths[int(np.argmax(estimates))]
-    return (best - chosen) / abs(best) if best else math.nan
+def regret_at_1(estimates: list[float], truths: list[float]) -> float | None:
+    """In [0, 1]; None where the truths are all equal."""
+    best, worst, chosen = max(truths), min(truths), truths[int(np.argmax(estimates))]
+    return (best - chosen) / (best - worst) if best > worst else None
 
 
 def validate(points: list[dict]) -> dict:
@@ -45,7 +48,7 @@ def validate(points: list[dict]) -> dict:
         summary[estimator] = {
             "policies": len(mine),
             "pooled_spearman": spearman([p["estimate"] for p in mine], [p["truth"] for p in mine]),
-            "median_regret_at_1": float(np.nanmedian([d["regret_at_1"] for d in per_dataset.values()])),
+            "median_regret_at_1": _median([d["regret_at_1"] for d in per_dataset.values()]),
             "mae": float(np.mean([abs(p["estimate"] - p["truth"]) for p in mine])),
             "datasets": per_dataset,
         }
@@ -54,11 +57,21 @@ def validate(points: list[dict]) -> dict:
 
 def markdown(summary: dict) -> str:
     """One row per estimator and dataset, then the pooled row."""
-    lines = ["| estimator | dataset | policies | Spearman | regret@1 | MAE |", "|---|---|---|---|---|---|"]
+    lines = ["| estimator | dataset | policies | Spearman | regret@1 (0 best, 1 worst) | MAE |",
+             "|---|---|---|---|---|---|"]
     for estimator, s in summary.items():
         for name, d in s["datasets"].items():
-            lines.append(f"| {estimator} | {name} | {d['policies']} | {d['spearman']:.2f} | {d['regret_at_1']:.2f} | "
-                         f"{d['mae']:.1f} |")
+            lines.append(f"| {estimator} | {name} | {d['policies']} | {_cell(d['spearman'])} | "
+                         f"{_cell(d['regret_at_1'])} | {d['mae']:.1f} |")
         lines.append(f"| **{estimator}** | **pooled** (regret: median) | {s['policies']} | "
-                     f"**{s['pooled_spearman']:.2f}** | **{s['median_regret_at_1']:.2f}** | **{s['mae']:.1f}** |")
+                     f"**{_cell(s['pooled_spearman'])}** | **{_cell(s['median_regret_at_1'])}** | **{s['mae']:.1f}** |")
     return "\n".join(lines) + "\n"
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def _cell(value: float | None) -> str:
+    return "n/a (all equal)" if value is None else f"{value:.2f}"

@@ -74,11 +74,12 @@ def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
         ope = json.loads(run.ope_metrics.read_text())
         evaluated = json.loads(run.eval_metrics.read_text()) if run.eval_metrics.is_file() else {}
         truth = evaluated.get("normalized_score")
-        estimates = {name: e.get("value") for name, e in ope["estimates"].items()}
+        # A number, or why an estimator that applies gave none (e.g. "did not converge").
+        estimates = {name: e.get("value", e.get("status")) for name, e in ope["estimates"].items()}
         rows.append({"run": path.name, "dataset": ope["dataset"], "units": ope["units"], "truth": truth, **estimates})
         if truth is not None and ope["units"] == "normalized score":
             points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth}
-                       for name, value in estimates.items() if value is not None]
+                       for name, value in estimates.items() if isinstance(value, float)]
     return rows, points
 
 
@@ -89,15 +90,17 @@ def ope_section(rows: list[dict], summary: dict) -> str:
         cells = [_cell(r.get(name)) for name in estimators]
         lines.append(f"| {r['run']} | {r['dataset']} | {_cell(r['truth'])} | {' | '.join(cells)} |")
     text = ("\n## Off-policy estimates\n\nEach policy's return estimated from its dataset alone (`orl ope`; "
-            "normalized scores, or returns for data without an env; - where an estimator does not apply), against "
-            "its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
+            "normalized scores, or returns for data without an env; - where an estimator does not apply; \"did not "
+            "converge\" where FQE's fit failed, docs/ope.md), against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
     if summary:
         text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
     return text
 
 
-def _cell(value: float | None, missing: str = "-") -> str:
-    return missing if value is None else f"{value:.1f}"
+def _cell(value: float | str | None, missing: str = "-") -> str:
+    if value is None or isinstance(value, str):
+        return value or missing
+    return f"{value:.1f}"
 
 
 def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path) -> Path:

@@ -15,8 +15,8 @@ import pytest
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
-from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
-from evaluation.ope_validation import regret_at_1, spearman, validate
+from evaluation.estimators import Episodes, FitReport, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.ope_validation import markdown, regret_at_1, spearman, validate
 
 HORIZON = 8
 CONFIG = OPEConfig(hidden_layers=[32, 32], iterations=HORIZON + 4, updates_per_iteration=100, batch_size=128,
@@ -125,15 +125,88 @@ def test_select_keeps_whole_episodes_in_the_order_given():
 def test_validation_metrics():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
-    assert math.isnan(spearman([1, 1, 1], [10, 20, 30]))
-    assert regret_at_1([0.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == pytest.approx(0.5)  # picked 50, best 100
+    assert spearman([1, 1, 1], [10, 20, 30]) == 0.0  # estimates that rank nothing
+    assert regret_at_1([0.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == 1.0  # picked the worst
+    assert regret_at_1([0.0, 1.0, 5.0], [100.0, 50.0, 80.0]) == pytest.approx(0.4)  # 80 of 50..100
     assert regret_at_1([9.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == 0.0
+    assert regret_at_1([3.0, 1.0], [-10.0, -50.0]) == 0.0 and regret_at_1([1.0, 3.0], [-10.0, -50.0]) == 1.0
     points = [{"dataset": d, "estimator": "fqe", "estimate": e, "truth": t}
               for d, e, t in [("a", 1, 10), ("a", 2, 20), ("b", 5, 40), ("b", 4, 30)]]
     summary = validate(points)["fqe"]
     assert summary["policies"] == 4 and summary["datasets"]["a"]["spearman"] == pytest.approx(1.0)
     assert summary["datasets"]["b"]["regret_at_1"] == 0.0 and summary["median_regret_at_1"] == 0.0
     assert summary["mae"] == pytest.approx((9 + 18 + 35 + 26) / 4)
+
+
+def test_validation_of_policies_that_all_score_the_same_says_so_instead_of_nan():
+    points = [{"dataset": "all-100", "estimator": "fqe", "estimate": e, "truth": 100.0} for e in (90.0, 95.0, 99.0)]
+    summary = validate(points)["fqe"]
+    assert summary["datasets"]["all-100"]["spearman"] is None and summary["datasets"]["all-100"]["regret_at_1"] is None
+    assert summary["median_regret_at_1"] is None
+    table = markdown({"fqe": summary})
+    assert "| fqe | all-100 | 3 | n/a (all equal) | n/a (all equal) | 5.3 |" in table and "nan" not in table
+
+
+def test_a_fit_whose_td_loss_ends_above_the_returns_variance_did_not_converge():
+    assert FitReport(td_loss_start=50.0, td_loss=5.0, td_loss_limit=100.0).converged
+    assert not FitReport(td_loss_start=50.0, td_loss=6.0e5, td_loss_limit=2.2e3).converged
+    assert not FitReport(td_loss_start=50.0, td_loss=math.nan, td_loss_limit=2.2e3).converged
+
+
+def test_fqe_reports_its_td_loss_falling_and_the_returns_the_data_allows():
+    episodes = logged_episodes(100)
+    q = fit_fqe(episodes, policy(0.5, len(episodes.arrays[Col.T])), 2, HORIZON, CONFIG, lambda *_: None, VECTORS)
+    assert q.fit.converged and q.fit.td_loss < q.fit.td_loss_start
+    assert q.fit.td_loss_limit == pytest.approx(np.var(episodes.returns_to_go(1.0)))
+    low, high = q.return_range()
+    returns = episodes.returns_to_go(1.0)[episodes.starts]
+    assert low <= returns.min() and high >= returns.max() and high <= HORIZON
+
+
+def test_returns_to_go_sum_each_episodes_rewards_from_each_step():
+    episodes = Episodes.of({Col.EPS_ID: np.array([7, 7, 7, 2]), Col.REWARDS: np.array([1.0, 2.0, 4.0, 5.0])})
+    assert episodes.returns_to_go(1.0).tolist() == [7.0, 6.0, 4.0, 5.0]
+    assert episodes.returns_to_go(0.5).tolist() == [1 + 1 + 1, 2 + 2, 4.0, 5.0]
+
+
+@pytest.mark.slow  # 100 LunarLander episodes, then 300 FQE iterations (about 40 s)
+def test_fqe_on_lunar_lander_rewards_converges_within_the_returns_the_data_allows():
+    """Rewards in the hundreds (a crash, -100; a leg touching down, +10 or more), logged by gymnasium's heuristic
+    lander with 40 % random actions, and a greedy target that disagrees with the logged action at most states.
+    Before values were held within the logged returns-to-go, the TD loss of this fit grew from 3.8e3 to 3.8e4 and
+    FQE estimated a return of 528 where the best logged episode returned 172 (issue 44)."""
+    import gymnasium as gym
+
+    from examples.controllers import lunar_lander
+
+    env, rng = gym.make("LunarLander-v3"), np.random.default_rng(0)
+    rows = {name: [] for name in (Col.EPS_ID, Col.T, Col.OBS, Col.NEW_OBS, Col.ACTIONS, Col.REWARDS,
+                                   Col.TERMINATEDS, Col.TRUNCATEDS)}
+    for episode in range(100):
+        obs, _ = env.reset(seed=episode)
+        t, done = 0, False
+        while not done:
+            action = int(rng.integers(4)) if rng.random() < 0.4 else int(lunar_lander(obs[None])[0])
+            new_obs, reward, terminated, truncated, _ = env.step(action)
+            for name, value in zip(rows, (episode, t, obs, new_obs, action, reward, terminated, truncated)):
+                rows[name].append(value)
+            obs, t, done = new_obs, t + 1, terminated or truncated
+    episodes = Episodes.of({name: np.array(values) for name, values in rows.items()})
+    a = episodes.arrays
+    weights = np.random.default_rng(1).normal(size=(8, 4))
+
+    def target(obs):
+        return np.eye(4)[np.argmax(obs @ weights, axis=1)]
+
+    losses = []
+    q = fit_fqe(episodes, target(a[Col.NEW_OBS]), 4, 1000, OPEConfig(iterations=300),
+                lambda i, n, loss: losses.append(loss), ModelInput((8,)))
+    starts = episodes.starts
+    estimate = q.values(a[Col.OBS][starts], a[Col.T][starts], target(a[Col.OBS][starts])).mean()
+    returns = episodes.returns_to_go(1.0)
+    assert q.fit.converged and q.fit.td_loss < q.fit.td_loss_start / 4, q.fit
+    assert returns.min() <= estimate <= returns.max()
+    assert max(losses[-30:]) < 10 * q.fit.td_loss_start  # no late blow-up
 
 
 def test_fqe_on_continuous_actions_values_the_action_the_policy_takes():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def test_ope_estimates_each_estimator_inside_its_interval_in_normalized_units(es
         assert output["episodes"]["estimated_on"] == output["episodes"]["total"] == 20  # no held-out split
         for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
             estimate = output["estimates"][name]
+            assert "value" in estimate, (algo, name, estimate)
             assert estimate["ci_low"] <= estimate["value"] <= estimate["ci_high"], (algo, name, estimate)
 
 
@@ -126,3 +128,23 @@ def test_ope_refuses_estimators_the_data_cannot_support_in_one_line(project, tmp
         ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(), evaluate, ["wpdis"])
     with pytest.raises(UserError, match="held_out_fraction 0.9 leaves no episode of 2 to fit FQE on"):
         ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(held_out_fraction=0.9), evaluate, ["fqe"])
+
+
+def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier_estimate(project, estimated,
+                                                                                         monkeypatch):
+    """Last in this module: it leaves NaN over the DQN run's earlier estimates, as it must."""
+    monkeypatch.chdir(project)  # its MLflow store
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    diverging = OPEConfig(**{**params["ope"], "lr": 1000.0})
+    output = ope(project / "runs" / "dqn", f"datasets/{DATASET}", project / "references", diverging,
+                 EvaluateConfig(**params["evaluate"]))
+    assert not output["fqe_fit"]["converged"] and output["fqe_fit"]["td_loss"] > output["fqe_fit"]["td_loss_limit"]
+    for name in ("fqe", "dr"):  # DR stands on FQE's values
+        assert output["estimates"][name]["status"] == "did not converge"
+        assert output["estimates"][name]["undefined"].startswith("FQE did not converge: its final TD loss ")
+    assert "value" in output["estimates"]["wpdis"]
+    run_id = json.loads((project / "runs" / "dqn" / "run.json").read_text())["mlflow_run_id"]
+    metrics = tracking(project).get_run(run_id).data.metrics
+    assert math.isnan(metrics["ope/fqe"]) and math.isnan(metrics["ope/dr"]) and not math.isnan(metrics["ope/wpdis"])
+    result = orl("select", "--dataset", DATASET, "--by", "fqe", cwd=project)
+    assert result.returncode == 0 and "alias cartpole-expert-ope-best -> models:/CartPole-v1-bc/1" in result.stderr
