@@ -13,3 +13,8 @@ def require_positive(config, *names: str) -> None:
 def require_layer_sizes(hidden_layers: list[int]) -> None:
     if not hidden_layers or min(hidden_layers) <= 0:
         raise ValueError(f"hidden_layers must be positive sizes, got {hidden_layers}")
+
+
+def require_conv_filters(conv_filters: list[list[int]]) -> None:
+    if not conv_filters or any(len(layer) != 3 or min(layer) <= 0 for layer in conv_filters):
+        raise ValueError(f"conv_filters must be [channels, kernel, stride] layers of positive sizes, got {conv_filters}")

@@ -58,6 +58,13 @@ class ModelInput:
         integers = np.issubdtype(space.dtype, np.integer)
         return cls(tuple(space.shape), channels_first=first < last, scale=1 / 255 if integers else 1.0)
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one row of the network's input."""
+        if self.one_hot:
+            return (self.one_hot,)
+        return self.shape[1:] + self.shape[:1] if self.channels_first else self.shape
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """A batch of observations (flat rows or the stored shape) as the network's float32 input."""
         if self.one_hot:
@@ -78,9 +85,8 @@ def model_space(space: gym.Space) -> gym.Space:
     if not is_image(space):
         return space
     layout = ModelInput.of(space)
-    shape = layout.shape[1:] + layout.shape[:1] if layout.channels_first else layout.shape
     low, high = (0.0, 1.0) if layout.scale != 1.0 else (-np.inf, np.inf)
-    return gym.spaces.Box(low, high, shape, np.float32)
+    return gym.spaces.Box(low, high, layout.input_shape, np.float32)
 
 
 def is_mapped(space: gym.Space) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from collectors.config import PolicyConfig
-from common.checks import require_layer_sizes, require_positive
+from common.checks import require_conv_filters, require_layer_sizes, require_positive
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ class OPEConfig:
     """Seeds the episode split, FQE's network and minibatches, and the bootstrap."""
     hidden_layers: list[int] = field(default_factory=lambda: [256, 256])
     """FQE's Q-network: sizes of the hidden layers (ReLU)."""
+    conv_filters: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
+    """For image observations: the CNN before FQE's hidden layers, each layer [channels, kernel, stride] (ReLU,
+    no padding), as the learners' `conv_filters`; the default is the Nature DQN's, for 84x84 frames."""
     lr: float = 0.001
     """FQE's Adam learning rate."""
     batch_size: int = 256
@@ -95,3 +98,4 @@ class OPEConfig:
         if self.iterations is not None:
             require_positive(self, "iterations")
         require_layer_sizes(self.hidden_layers)
+        require_conv_filters(self.conv_filters)

@@ -23,9 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col, episode_bounds
 from evaluation.config import OPEConfig
+
+
+# Rows whose values are read at once after the fit: bounds the memory of images as float32.
+CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -108,17 +113,22 @@ class QFunction:
 
     def values(self, obs: np.ndarray, t: np.ndarray, pi: np.ndarray) -> np.ndarray:
         """V(s_t) = E_{a ~ pi} Q(s_t, a)."""
-        with torch.no_grad():
-            value = _value(self.net, _features(self.observations, obs, t, self.bounds.horizon), _tensor(pi),
-                           self.discrete)
-            return self.scale * self.bounds.clamp(value, t).numpy()
+        return self._by_chunks(obs, t, pi, _value)
 
     def q(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """Q(s_t, a_t) of the given actions."""
+        return self._by_chunks(obs, t, actions, _q_taken)
+
+    def _by_chunks(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray, read) -> np.ndarray:
+        """`read` over rows a chunk at a time (images become float32 only a chunk at a time), clamped and scaled."""
+        values = []
         with torch.no_grad():
-            features = _features(self.observations, obs, t, self.bounds.horizon)
-            value = _q_taken(self.net, features, torch.tensor(actions), self.discrete)
-            return self.scale * self.bounds.clamp(value, t).numpy()
+            for start in range(0, len(t), CHUNK):
+                rows = slice(start, start + CHUNK)
+                value = read(self.net, _inputs(self.observations, obs[rows]), _time(t[rows], self.bounds.horizon),
+                             torch.as_tensor(actions[rows]), self.discrete)
+                values.append(self.bounds.clamp(value, t[rows]).numpy())
+        return self.scale * np.concatenate(values)
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
     generator = torch.Generator().manual_seed(config.seed)
     discrete = num_actions is not None
     t = a[Col.T].astype(np.int64)
-    x, x_next = _features(observations, a[Col.OBS], t, horizon), _features(observations, a[Col.NEW_OBS], t + 1, horizon)
+    now, then = _time(t, horizon), _time(t + 1, horizon)
     actions, pi_next = torch.tensor(a[Col.ACTIONS]), _tensor(pi_next)  # copies: dataset arrays are read-only
     # Nothing follows a terminal state, nor the last step of an episode the time limit cut.
     done = a[Col.TERMINATEDS] | (a[Col.TRUNCATEDS] & (t + 1 >= horizon))
@@ -165,8 +175,7 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
                          float(returns_to_go.min()), float(returns_to_go.max()))
     discount = torch.as_tensor(config.gamma * ~done, dtype=torch.float32)
 
-    in_features = x.shape[1] + (0 if discrete else actions.shape[1])
-    net = _mlp(in_features, config.hidden_layers, num_actions or 1)
+    net = QNetwork(observations, config, 1 + (0 if discrete else actions.shape[1]), num_actions or 1)
     target = copy.deepcopy(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     iterations = config.iterations or horizon
@@ -174,11 +183,14 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
     for iteration in range(1, iterations + 1):
         target.load_state_dict(net.state_dict())
         for _ in range(config.updates_per_iteration):
-            rows = torch.randint(len(x), (config.batch_size,), generator=generator)
+            rows = torch.randint(len(t), (config.batch_size,), generator=generator)
+            picked = rows.numpy()
             with torch.no_grad():
-                next_value = _value(target, x_next[rows], pi_next[rows], discrete)
-                y = rewards[rows] + discount[rows] * bounds.clamp(next_value, t[rows.numpy()] + 1)
-            loss = torch.nn.functional.mse_loss(_q_taken(net, x[rows], actions[rows], discrete), y)
+                next_value = _value(target, _inputs(observations, a[Col.NEW_OBS][picked]), then[rows], pi_next[rows],
+                                    discrete)
+                y = rewards[rows] + discount[rows] * bounds.clamp(next_value, t[picked] + 1)
+            q_taken = _q_taken(net, _inputs(observations, a[Col.OBS][picked]), now[rows], actions[rows], discrete)
+            loss = torch.nn.functional.mse_loss(q_taken, y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -251,25 +263,62 @@ def bootstrap(statistic: Callable[[np.ndarray], float], episodes: int, config: O
     return float(low), float(high)
 
 
-def _features(observations: ModelInput, obs: np.ndarray, t: np.ndarray, horizon: int) -> torch.Tensor:
-    """The state and the share of the horizon already spent."""
-    return torch.as_tensor(np.hstack([observations(obs), (t / horizon)[:, None]]), dtype=torch.float32)
+def _inputs(observations: ModelInput, obs: np.ndarray) -> torch.Tensor:
+    """Stored observations as the network's input (channels-last images, in [0, 1] for pixels)."""
+    return torch.as_tensor(observations(obs))
+
+
+def _time(t: np.ndarray, horizon: int) -> torch.Tensor:
+    """The share of the horizon already spent, a column."""
+    return torch.as_tensor((t / horizon)[:, None], dtype=torch.float32)
 
 
 def _tensor(pi: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(pi, dtype=torch.float32)
 
 
-def _value(net: torch.nn.Module, features: torch.Tensor, pi: torch.Tensor, discrete: bool) -> torch.Tensor:
+def _value(net: QNetwork, obs: torch.Tensor, time: torch.Tensor, pi: torch.Tensor, discrete: bool) -> torch.Tensor:
     if discrete:
-        return (net(features) * pi).sum(dim=1)
-    return net(torch.cat([features, pi], dim=1)).squeeze(1)
+        return (net(obs, time) * pi).sum(dim=1)
+    return net(obs, torch.cat([time, pi.float()], dim=1)).squeeze(1)
 
 
-def _q_taken(net: torch.nn.Module, features: torch.Tensor, actions: torch.Tensor, discrete: bool) -> torch.Tensor:
+def _q_taken(net: QNetwork, obs: torch.Tensor, time: torch.Tensor, actions: torch.Tensor,
+             discrete: bool) -> torch.Tensor:
     if discrete:
-        return net(features).gather(1, actions.long()[:, None]).squeeze(1)
-    return net(torch.cat([features, actions.float()], dim=1)).squeeze(1)
+        return net(obs, time).gather(1, actions.long()[:, None]).squeeze(1)
+    return net(obs, torch.cat([time, actions.float()], dim=1)).squeeze(1)
+
+
+class QNetwork(torch.nn.Module):
+    """Q over an observation and extra inputs (the time feature, and the action for Box actions): an image goes
+    through a CNN first (`conv_filters`, as the learners' encoders), a vector straight to the hidden layers."""
+
+    def __init__(self, observations: ModelInput, config: OPEConfig, extra_inputs: int, outputs: int):
+        super().__init__()
+        shape = observations.input_shape
+        if len(shape) == 3:
+            height, width, channels = shape
+            layers = []
+            for out_channels, kernel, stride in config.conv_filters:
+                height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+                if min(height, width) < 1:
+                    raise UserError(f"ope.conv_filters {config.conv_filters} leave no pixels of a {shape[0]}x{shape[1]} "
+                                    "image; give smaller kernels or strides in params.yaml")
+                layers += [torch.nn.Conv2d(channels, out_channels, kernel, stride), torch.nn.ReLU()]
+                channels = out_channels
+            self.encoder = torch.nn.Sequential(*layers, torch.nn.Flatten())
+            features = channels * height * width
+        else:
+            self.encoder = torch.nn.Flatten()
+            features = int(np.prod(shape))
+        self.head = _mlp(features + extra_inputs, config.hidden_layers, outputs)
+        self.image = len(shape) == 3
+
+    def forward(self, obs: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        if self.image:
+            obs = obs.permute(0, 3, 1, 2)  # channels-last frames, as torch's convolutions take them: channels first
+        return self.head(torch.cat([self.encoder(obs), extra], dim=1))
 
 
 def _mlp(inputs: int, hidden_layers: list[int], outputs: int) -> torch.nn.Sequential:

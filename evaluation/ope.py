@@ -20,7 +20,7 @@ import dataset_format as dataset
 import tracking
 from common.envs import EnvSpec, time_limit
 from common.errors import UserError
-from common.observations import ModelInput, is_image
+from common.observations import ModelInput
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -177,10 +177,6 @@ def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, locat
 
 def undefined_estimators(card: dataset.DatasetCard) -> dict[str, str]:
     """The estimators that cannot evaluate a policy on this dataset, with why."""
-    if is_image(card.spaces[0]):
-        reason = ("image observations: FQE's network, which every estimator here uses (DR and WPDIS for their "
-                  "fallback values), takes vectors; no estimate")
-        return {FQE: reason, WPDIS: reason, DR: reason}
     if not isinstance(card.spaces[1], gym.spaces.Discrete):
         reason = ("a policy on continuous actions acts deterministically here (or samples and clips to the bounds), "
                   "so its actions have no density for importance weights; use fqe")

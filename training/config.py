@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.checks import require_layer_sizes, require_positive
+from common.checks import require_conv_filters, require_layer_sizes, require_positive
 from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
@@ -79,9 +79,7 @@ class LearnerParams:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_layer_sizes(self.hidden_layers)
-        if not self.conv_filters or any(len(layer) != 3 or min(layer) <= 0 for layer in self.conv_filters):
-            raise ValueError(f"conv_filters must be [channels, kernel, stride] layers of positive sizes, got "
-                             f"{self.conv_filters}")
+        require_conv_filters(self.conv_filters)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
         for name in self.per_dataset:

@@ -7,11 +7,14 @@ policy taking action 0 with probability p is worth p * HORIZON.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+import torch
 
+from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
@@ -222,3 +225,25 @@ def test_fqe_on_continuous_actions_values_the_action_the_policy_takes():
         q = fit_fqe(episodes, acting, None, HORIZON, CONFIG, lambda *_: None, VECTORS)
         value = q.values(a[Col.OBS], a[Col.T], acting)[episodes.starts].mean()
         assert value == pytest.approx(-HORIZON * (c - 0.5) ** 2, rel=0.12, abs=0.3), c
+
+
+def test_fqe_reads_image_observations_through_a_cnn():
+    """Channels-first uint8 frames (a FrameStackObservation layout) whose first pixel tells which action pays:
+    a policy that reads it is worth HORIZON, and only a network that sees the frames can tell."""
+    episodes = logged_episodes(200)
+    a = dict(episodes.arrays)
+    frames = np.zeros((len(a[Col.T]), 2, 12, 12), dtype=np.uint8)
+    frames[:, :, :4, :4] = np.where(a[Col.OBS][:, 0] > 0, 255, 0)[:, None, None, None]
+    pays = (a[Col.OBS][:, 0] > 0).astype(np.int64)  # action 1 pays where the corner is lit, action 0 elsewhere
+    a.update({Col.OBS: frames, Col.NEW_OBS: frames, Col.REWARDS: (a[Col.ACTIONS] == pays).astype(np.float32)})
+    episodes = Episodes.of(a)
+    config = dataclasses.replace(CONFIG, conv_filters=[[8, 4, 2], [8, 3, 1]])
+    observations = ModelInput((2, 12, 12), channels_first=True, scale=1 / 255)
+    reading = np.eye(2)[pays]  # the same frame follows: the policy's next action reads it too
+    q = fit_fqe(episodes, reading, 2, HORIZON, config, lambda *_: None, observations)
+    assert isinstance(q.net.encoder[0], torch.nn.Conv2d)
+    value = q.values(frames, a[Col.T], reading)[episodes.starts].mean()
+    assert value == pytest.approx(HORIZON, abs=0.8)
+    with pytest.raises(UserError, match=r"ope.conv_filters \[\[8, 8, 4\], \[8, 4, 2\]\] leave no pixels of a 12x12 image"):
+        fit_fqe(episodes, reading, 2, HORIZON, dataclasses.replace(CONFIG, conv_filters=[[8, 8, 4], [8, 4, 2]]),
+                lambda *_: None, observations)
