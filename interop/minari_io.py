@@ -40,11 +40,9 @@ def read_minari(config: ImportConfig) -> Source:
     """The episodes of the Minari dataset `config.source` names (a directory, or an id in the local store)."""
     data = _open(config.source)
     observation_space, action_space = data.observation_space, data.action_space
-    if not isinstance(observation_space, gym.spaces.Box):
-        _refuse_space(config.source, "observation", observation_space)
-    if not (isinstance(action_space, gym.spaces.Box)
-            or (isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0)):
-        _refuse_space(config.source, "action", action_space)
+    for what, space in (("observation", observation_space), ("action", action_space)):
+        if not (isinstance(space, gym.spaces.Box) or (isinstance(space, gym.spaces.Discrete) and space.start == 0)):
+            _refuse_space(config.source, what, space)
     env_spec_id = data.env_spec.id if data.env_spec is not None else None
     if config.env:
         if env_spec_id not in (None, config.env.id or config.env.label):
@@ -56,7 +54,7 @@ def read_minari(config: ImportConfig) -> Source:
               "to evaluate the policies trained on it", file=sys.stderr)
     metadata = data.storage.metadata
     kept = {key: _json_ready(metadata[key]) for key in METADATA_KEYS if metadata.get(key) is not None}
-    return Source(observation_space, action_space, _episodes(data, config.source, action_space),
+    return Source(observation_space, action_space, _episodes(data, config.source, observation_space, action_space),
                   episode_count=data.total_episodes, with_logp=False,
                   metadata={"minari": {**kept, "env_spec": env_spec_id}},
                   behavior=str(metadata.get("algorithm_name", "")))
@@ -99,18 +97,20 @@ def _gymnasium_spec(env: EnvSpec | None) -> gym.envs.registration.EnvSpec | None
 
 def _refuse_space(source: str, what: str, space: gym.Space) -> None:
     raise UserError(f"{source}: the Minari dataset's {what} space {space} cannot be represented: our datasets hold "
-                    "Box observations and Box or Discrete (from 0) actions")
+                    "Box or Discrete (from 0) observations and actions")
 
 
 def _json_ready(value):
     return sorted(value) if isinstance(value, (set, frozenset)) else value
 
 
-def _episodes(data, source: str, action_space: gym.Space):
+def _episodes(data, source: str, observation_space: gym.Space, action_space: gym.Space):
     discrete = isinstance(action_space, gym.spaces.Discrete)
+    # Rows as the writer stores them: a Discrete observation's integer, or a Box's values in a row (at its dtype).
+    row = (-1,) if isinstance(observation_space, gym.spaces.Box) else ()
     for episode in data.iterate_episodes():
         steps = len(episode.rewards)
-        observations = np.asarray(episode.observations, dtype=np.float32).reshape(steps + 1, -1)
+        observations = np.asarray(episode.observations).reshape(steps + 1, *row)
         terminations = np.asarray(episode.terminations, dtype=bool)
         truncations = np.asarray(episode.truncations, dtype=bool)
         done = terminations | truncations

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from common.envs import EnvSpec
+from dataset_format import Col
 
 REPO = Path(__file__).resolve().parent.parent
 # Our packages, as floors, lowest first: each imports only those before it (tests/test_layers.py).
@@ -156,6 +158,23 @@ def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> s
     """Runs the real `orl` command in a subprocess."""
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def assert_minari_round_trip(workdir: Path, name: str, env, tmp_path: Path) -> None:
+    """`orl datasets export` of workdir's datasets/NAME to a Minari store under tmp_path, then `orl datasets import`
+    of it (with `env`) gives the same rows, less action_logp (Minari keeps no log-probabilities)."""
+    store = {"MINARI_DATASETS_PATH": str(tmp_path / "minari")}
+    result = orl("datasets", "export", f"datasets/{name}", "--to", "minari", "--id", f"orl/{name}-v0", cwd=workdir,
+                 env=store)
+    assert result.returncode == 0, result.stderr[-3000:]
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["imports"] = {f"{name}-back": {"format": "minari", "source": f"orl/{name}-v0", "env": env}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    result = orl("datasets", "import", f"{name}-back", "--out", str(tmp_path / "back"), cwd=tmp_path, env=store)
+    assert result.returncode == 0, result.stderr[-3000:]
+    original, back = dataset.load_table(workdir / "datasets" / name), dataset.load_table(tmp_path / "back")
+    columns = [c for c in original.column_names if c != Col.ACTION_LOGP]
+    assert back.select(columns).equals(original.select(columns))
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

@@ -13,7 +13,7 @@ import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
-from tests.conftest import REPO, orl
+from tests.conftest import REPO, assert_minari_round_trip, orl
 
 pytestmark = pytest.mark.slow  # Atari emulators and CNNs, through several `orl` commands
 
@@ -103,14 +103,4 @@ def test_ope_estimates_a_policy_on_frames_through_a_cnn(workdir):
 
 
 def test_frames_go_to_minari_and_come_back_with_the_same_rows(workdir, tmp_path):
-    store = {"MINARI_DATASETS_PATH": str(tmp_path / "minari")}
-    result = orl("datasets", "export", "datasets/pong", "--to", "minari", "--id", "orl/pong-v0", cwd=workdir, env=store)
-    assert result.returncode == 0, result.stderr[-3000:]
-    params = yaml.safe_load((workdir / "params.yaml").read_text())
-    params["imports"] = {"pong-back": {"format": "minari", "source": "orl/pong-v0", "env": PONG}}
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
-    result = orl("datasets", "import", "pong-back", "--out", str(tmp_path / "back"), cwd=workdir, env=store)
-    assert result.returncode == 0, result.stderr[-3000:]
-    original, back = dataset.load_table(workdir / "datasets" / "pong"), dataset.load_table(tmp_path / "back")
-    columns = [c for c in original.column_names if c != Col.ACTION_LOGP]  # Minari keeps no log-probabilities
-    assert back.select(columns).equals(original.select(columns))
+    assert_minari_round_trip(workdir, "pong", PONG, tmp_path)

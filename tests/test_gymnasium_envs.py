@@ -13,7 +13,7 @@ import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
-from tests.conftest import REPO, USER_CODE, assert_user_error, orl
+from tests.conftest import REPO, USER_CODE, assert_minari_round_trip, assert_user_error, orl
 
 pytestmark = pytest.mark.slow  # a dozen `orl` commands, each starting Ray
 
@@ -109,3 +109,8 @@ def test_a_dict_observation_is_refused_in_one_line_and_collects_once_flattened(t
     assert result.returncode == 0, result.stderr[-3000:]
     # position (1) and the signpost one-hot (2)
     assert dataset.read_card(tmp_path / "datasets" / "flat-signpost").observation_space["shape"] == [3]
+
+
+def test_discrete_observations_go_to_minari_and_come_back_with_the_same_rows(collected, tmp_path):
+    assert_minari_round_trip(collected, "lake", DATASETS["lake"]["env"], tmp_path)
+    assert dataset.read_card(tmp_path / "back").observation_space == {"type": "Discrete", "n": 16}
