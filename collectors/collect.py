@@ -18,40 +18,62 @@ from common.envs import make_env, provider_versions
 COLLECTION_CODE = ("collectors", "common", "dataset_format", "examples")
 
 
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """A collection whose inputs are checked, ready to run on Ray: `plan` makes it without starting anything."""
+
+    name: str
+    spec: DatasetConfig
+    settings: CollectConfig
+    out: str | Path
+    card: dataset.DatasetCard
+    """The card of the dataset to write, filled in as it is written."""
+
+    @classmethod
+    def plan(cls, name: str, spec: DatasetConfig, settings: CollectConfig, out: str | Path) -> Collection:
+        """Refuses, before any work, an existing output, spaces a dataset cannot hold, a bad model path or URI, or a
+        broken callable (tried once on a reset)."""
+        out = dataset.refuse_existing(out)
+        env = make_env(spec.env)
+        try:
+            observation_space, action_space = env.observation_space, env.action_space
+            dataset.require_storable(observation_space, action_space, f"env {spec.env.label}")
+            with_logp = build_policy(spec.policy, env).with_logp
+            providers = provider_versions(env)
+        finally:
+            env.close()
+        card = dataset.DatasetCard(
+            name=name,
+            env_id=spec.env.label,
+            env_spec=spec.env.to_dict(),
+            observation_space=dataset.space_to_dict(observation_space),
+            action_space=dataset.space_to_dict(action_space),
+            behavior_policy=dataclasses.asdict(spec.policy),
+            seed=spec.seed,
+            episodes=spec.episodes,
+            transitions=0,  # this and the next three: dataset.write fills in what the files hold
+            returns={},
+            episode_length={},
+            files=[],
+            columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
+            code_version=code_version(COLLECTION_CODE),
+            library_versions={**library_versions(), **providers},
+        )
+        return cls(name, spec, settings, out, card)
+
+    def run(self) -> dataset.DatasetCard:
+        """Collects the episodes with Ray actors (Ray must be started) and writes them."""
+        spec, settings, n = self.spec, self.settings, self.settings.episodes_per_task
+        tasks = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
+        with progress_lines(f"collect {self.name}", spec.episodes) as progress:
+            transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
+                                           settings.envs_per_collector, progress)
+            card = dataset.write(transitions, self.out, self.card, file_bytes=int(settings.file_mib * 2**20))
+        print(f"[collect {self.name}] wrote {card.transitions} transitions in {len(card.files)} files to {self.out}; "
+              f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
+        return card
+
+
 def collect(name: str, spec: DatasetConfig, settings: CollectConfig, out: str | Path) -> dataset.DatasetCard:
     """Collects the dataset `spec` describes to `out`, a local directory or an s3://bucket/prefix."""
-    out = dataset.refuse_existing(out)  # before any work, not after
-    env = make_env(spec.env)
-    try:  # spaces a dataset cannot hold, a bad model path or URI, or a broken callable fail here, before the actors
-        observation_space, action_space = env.observation_space, env.action_space
-        dataset.require_storable(observation_space, action_space, f"env {spec.env.label}")
-        with_logp = build_policy(spec.policy, env).with_logp
-        providers = provider_versions(env)
-    finally:
-        env.close()
-    n = settings.episodes_per_task
-    tasks = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
-    card = dataset.DatasetCard(
-        name=name,
-        env_id=spec.env.label,
-        env_spec=spec.env.to_dict(),
-        observation_space=dataset.space_to_dict(observation_space),
-        action_space=dataset.space_to_dict(action_space),
-        behavior_policy=dataclasses.asdict(spec.policy),
-        seed=spec.seed,
-        episodes=spec.episodes,
-        transitions=0,  # this and the next three: dataset.write fills in what the files hold
-        returns={},
-        episode_length={},
-        files=[],
-        columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
-        code_version=code_version(COLLECTION_CODE),
-        library_versions={**library_versions(), **providers},
-    )
-    with progress_lines(f"collect {name}", spec.episodes) as progress:
-        transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
-                                       settings.envs_per_collector, progress)
-        card = dataset.write(transitions, out, card, file_bytes=int(settings.file_mib * 2**20))
-    print(f"[collect {name}] wrote {card.transitions} transitions in {len(card.files)} files to {out}; "
-          f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
-    return card
+    return Collection.plan(name, spec, settings, out).run()

@@ -115,7 +115,7 @@ def make_env(spec: EnvSpec | str) -> gym.Env:
             env = gym.make(gym.envs.registration.EnvSpec(id=spec.label, entry_point=spec.entry_point,
                                                          max_episode_steps=spec.max_episode_steps), **spec.kwargs)
     except gym.error.DependencyNotInstalled as err:
-        raise UserError(f"env {spec.label} needs an extra package ({err}); install the project's pinned "
+        raise UserError(f"env {spec.label} needs an extra package ({first_line(err)}); install the project's pinned "
                         "requirements") from None
     except (TypeError, ValueError, AttributeError, gym.error.Error) as err:
         raise UserError(f"env {spec.label} cannot be made with kwargs {spec.kwargs} ({first_line(err)}); "

@@ -22,10 +22,12 @@ from training.config import AlgosConfig
 
 
 def cmd_collect(args, params: Params) -> None:
-    from collectors.collect import collect
+    from collectors.collect import Collection
 
+    collection = Collection.plan(args.name, params.dataset(args.name), params.collect,
+                                 args.out or Path("datasets") / args.name)  # bad input fails before Ray starts
     start_ray(params.ray.num_cpus)
-    collect(args.name, params.dataset(args.name), params.collect, args.out or Path("datasets") / args.name)
+    collection.run()
 
 
 def cmd_train(args, params: Params) -> None:
