@@ -36,15 +36,23 @@ class Node:
 
 
 class RayCluster:
-    """Drives the cluster process: add worker nodes, kill one, and stop everything at the end."""
+    """Drives the cluster process: add worker nodes, kill one, and stop everything at the end.
 
-    def __init__(self, log_path: Path):
+    With `dashboard_port`, the head runs Ray's dashboard and job API there, on 127.0.0.1 (`dashboard_url`); with
+    `token`, every node requires it (Ray's token authentication) of every client, `orl` processes and `ray job`
+    alike."""
+
+    def __init__(self, log_path: Path, dashboard_port: int | None = None, token: str | None = None):
+        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {}
         self.log = open(log_path, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "common.loopback_cluster"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
-                                        env={**os.environ, **LOOPBACK_ENV}, cwd=Path(__file__).resolve().parent.parent)
+        arguments = [] if dashboard_port is None else ["--dashboard-port", str(dashboard_port)]
+        self.process = subprocess.Popen([sys.executable, "-m", "common.loopback_cluster", *arguments],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                        start_new_session=True, env={**os.environ, **LOOPBACK_ENV, **self.auth_env},
+                                        cwd=Path(__file__).resolve().parent.parent)
         started = self._reply()
         self.address, self.head = started["address"], Node(**started["head"])
+        self.dashboard_url = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
         self.workers: list[Node] = []
 
     def _reply(self) -> dict:
@@ -70,7 +78,7 @@ class RayCluster:
     @property
     def env(self) -> dict:
         """What an `orl` process needs to run on this cluster."""
-        return {**LOOPBACK_ENV, "RAY_ADDRESS": self.address}
+        return {**LOOPBACK_ENV, **self.auth_env, "RAY_ADDRESS": self.address}
 
     def run_processes(self) -> dict[int, str]:
         """pid -> command of every process that the cluster's raylets started (workers and agents), except
@@ -114,14 +122,16 @@ def wait_for(condition, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def _serve() -> None:
+def _serve(dashboard_port: int | None) -> None:
     from ray.cluster_utils import Cluster
 
     def node(ray_node) -> dict:
         return {"node_id": ray_node.node_id, "raylet_pid": ray_node.all_processes["raylet"][0].process.pid}
 
+    dashboard = ({"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
+                 if dashboard_port is not None else {"include_dashboard": False})
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": NODE_CPUS, "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False})
+        "num_cpus": NODE_CPUS, "object_store_memory": OBJECT_STORE_BYTES, **dashboard})
     print(json.dumps({"address": cluster.address, "head": node(cluster.head_node)}), flush=True)
     for command in sys.stdin:
         action, _, node_id = command.strip().partition(" ")
@@ -137,4 +147,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[2]) if sys.argv[1:2] == ["--dashboard-port"] else None)
