@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +112,18 @@ class RayCluster:
         self.log.close()
 
 
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for(condition, timeout_s: float, what: str):
     """Polls `condition` until it returns something truthy, which it returns."""
     deadline = time.monotonic() + timeout_s
@@ -128,10 +141,16 @@ def _serve(dashboard_port: int | None) -> None:
     def node(ray_node) -> dict:
         return {"node_id": ray_node.node_id, "raylet_pid": ray_node.all_processes["raylet"][0].process.pid}
 
-    dashboard = ({"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
+    # The head's job agent gets a port of its own: Ray's default (52365) is taken by any other Ray on the machine, and
+    # then the job API answers "No available agent to submit job".
+    agent_port = free_port()
+    dashboard = ({"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port,
+                  "dashboard_agent_listen_port": agent_port}
                  if dashboard_port is not None else {"include_dashboard": False})
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": NODE_CPUS, "object_store_memory": OBJECT_STORE_BYTES, **dashboard})
+    if dashboard_port is not None:  # jobs are refused until the agent is up, which takes long on a loaded machine
+        wait_for(lambda: _listening(agent_port), 300, "the head node's job agent")
     print(json.dumps({"address": cluster.address, "head": node(cluster.head_node)}), flush=True)
     for command in sys.stdin:
         action, _, node_id = command.strip().partition(" ")

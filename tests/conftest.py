@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import yaml
 import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from common.envs import EnvSpec
+from common.loopback_cluster import free_port
 from dataset_format import Col
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,15 +62,9 @@ def user_code(monkeypatch):
     monkeypatch.syspath_prepend(str(USER_CODE))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Every S3 client of the session (pyarrow, boto3, s3fs, DVC, MLflow, and the Ray workers started after this) talks
 # to the `s3_server` fixture's moto_server on loopback, through the usual AWS variables.
-S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}", "AWS_ACCESS_KEY_ID": "testing",
+S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "testing",
           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 os.environ.update(S3_ENV)
 # One file per task (5 episodes), so tests see datasets of several files.
@@ -267,7 +261,7 @@ def mlflow_server(tmp_path_factory, s3_server):
 
     boto3.client("s3").create_bucket(Bucket=MLFLOW_BUCKET)
     root = tmp_path_factory.mktemp("mlflow")
-    uri = f"http://127.0.0.1:{_free_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1],
                "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/mlartifacts"]

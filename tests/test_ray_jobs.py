@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.loopback_cluster import LOOPBACK_ENV, RayCluster
-from tests.conftest import CARTPOLE_CONTROLLER, REPO, _free_port, orl
+from common.loopback_cluster import LOOPBACK_ENV, RayCluster, free_port
+from tests.conftest import CARTPOLE_CONTROLLER, REPO, orl
 
 pytestmark = pytest.mark.slow  # a two-node Ray cluster with its dashboard, and Ray jobs on it
 
@@ -28,7 +28,7 @@ COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = RayCluster(tmp_path_factory.mktemp("job-cluster") / "cluster.log", dashboard_port=_free_port(),
+    cluster = RayCluster(tmp_path_factory.mktemp("job-cluster") / "cluster.log", dashboard_port=free_port(),
                          token=TOKEN)
     cluster.add_worker()
     yield cluster

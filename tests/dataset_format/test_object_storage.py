@@ -19,13 +19,13 @@ import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import DatasetConfig
 from common.errors import UserError
+from common.loopback_cluster import free_port
 from tests.conftest import (
     CARTPOLE_CONTROLLER,
     CARTPOLE_EXPERT,
     REPO,
     S3_ENV,
     TINY_COLLECT,
-    _free_port,
     assert_user_error,
     kill_group,
     moto_server,
@@ -138,7 +138,7 @@ def test_bad_storage_input_is_one_line_naming_the_uri(expert_dataset, bucket, tm
         ({}, ["datasets", "show", f"s3://{bucket}/not-a-dataset"], ["_card.json is missing"]),
         ({}, ["datasets", "show", f"s3://{bucket}/nothing-here"], ["does not exist"]),
         ({}, ["collect", "cartpole-expert", "--out", "s3://no-such-bucket/x"], ["bucket 'no-such-bucket' does not"]),
-        ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"}, ["datasets", "show", f"s3://{bucket}/x"],
+        ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}, ["datasets", "show", f"s3://{bucket}/x"],
          ["cannot reach the S3 endpoint"]),
         ({}, ["train", "--algo", "bc", "--dataset", "gs://bucket/x"], ["only local paths and s3://"]),
     ]
@@ -151,7 +151,7 @@ def test_bad_storage_input_is_one_line_naming_the_uri(expert_dataset, bucket, tm
 def test_wrong_credentials_are_named(tmp_path):
     """A second S3 server that checks credentials (moto with IAM authentication on): ours are unknown to it."""
     write_params(tmp_path, {})
-    port = _free_port()
+    port = free_port()
     with moto_server(port, tmp_path / "moto.log", env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"}):
         env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
         result = orl("datasets", "show", "s3://some-bucket/x", cwd=tmp_path, env=env)
