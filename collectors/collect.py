@@ -65,9 +65,10 @@ class Collection:
         """Collects the episodes with Ray actors (Ray must be started) and writes them."""
         spec, settings, n = self.spec, self.settings, self.settings.episodes_per_task
         tasks = [list(range(s, min(s + n, spec.episodes))) for s in range(0, spec.episodes, n)]
-        with progress_lines(f"collect {self.name}", spec.episodes) as progress:
+        label = f"collect {self.name}"
+        with progress_lines(label, spec.episodes) as progress:
             transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
-                                           settings.envs_per_collector, progress)
+                                           settings.envs_per_collector, progress, label)
             card = dataset.write(transitions, self.out, self.card, file_bytes=int(settings.file_mib * 2**20))
         print(f"[collect {self.name}] wrote {card.transitions} transitions in {len(card.files)} files to {self.out}; "
               f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)

@@ -160,10 +160,13 @@ class Progress:
 
 
 def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
-                     num_collectors: int, num_envs: int, progress) -> ray.data.Dataset:
+                     num_collectors: int, num_envs: int, progress, label: str) -> ray.data.Dataset:
     """A lazy Ray Dataset of the transitions of every task's episodes, in task order, run by a pool of
     `num_collectors` actors (1 CPU each). A collector that dies is restarted and its task re-run; episodes are
-    seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all."""
+    seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all.
+
+    The actors are named after `label` (`MapWorker(MapBatches(collect cartpole-random))` in Ray's dashboard and
+    `ray list actors`), so a person watching a cluster tells a dataset's collectors from a run's evaluators."""
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     if policy_config.model and not is_mlflow_uri(policy_config.model):
         # Actors run in their own working directories (on a cluster, on other machines of a shared file system).
@@ -176,7 +179,8 @@ def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks
     queued = max(1, min(8, len(tasks) // (4 * pool_size)))
     collectors = ray.data.ActorPoolStrategy(size=pool_size, max_tasks_in_flight_per_actor=queued)
     return ray.data.from_items([{TASK_EPISODES: task} for task in tasks], override_num_blocks=len(tasks)).map_batches(
-        EpisodeRunner, fn_constructor_args=(env, policy_config, seed, num_envs, progress), batch_size=1,
+        type(label, (EpisodeRunner,), {}), fn_constructor_args=(env, policy_config, seed, num_envs, progress),
+        batch_size=1,
         batch_format="pyarrow", compute=collectors, num_cpus=1,
         **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
 
@@ -196,10 +200,7 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
     def report(last: tuple[int, int] | None) -> tuple[int, int]:
         totals = ray.get(progress.totals.remote())
         if totals != last:
-            episodes_done, steps = totals
-            elapsed = time.monotonic() - started
-            print(f"[{label}] {episodes_done}/{total_episodes} episodes, {steps} steps, {elapsed:.1f}s "
-                  f"({steps / elapsed:,.0f} steps/s)", file=sys.stderr, flush=True)
+            _print_progress(label, *totals, total_episodes, started)
         return totals
 
     def loop() -> None:
@@ -218,6 +219,12 @@ def progress_lines(label: str, total_episodes: int, every_s: float = 2.0):
         thread.join()
         ray.kill(progress)
     wait_for_free_cpus(free_cpus)
+
+
+def _print_progress(label: str, episodes_done: int, steps: int, total_episodes: int, started: float) -> None:
+    elapsed = time.monotonic() - started
+    print(f"[{label}] {episodes_done}/{total_episodes} episodes, {steps} steps, {elapsed:.1f}s "
+          f"({steps / elapsed:,.0f} steps/s)", file=sys.stderr, flush=True)
 
 
 def wait_for_free_cpus(cpus: float, timeout_s: float = 30.0) -> None:
@@ -264,14 +271,29 @@ def check_env(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
 
 def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episodes: int, num_workers: int,
                     label: str) -> Rollouts:
-    """Returns of `episodes` seeded episodes of a policy, run in parallel Ray actors (for evaluation).
+    """Returns of `episodes` seeded episodes of a policy (for evaluation), run in parallel by `num_workers` Ray
+    actors, or with 0 in this process, without Ray (quicker for a few episodes: no actor loads the policy).
 
     Each actor gets several tasks, so that one slow to start (loading a model on a busy node) still takes a share."""
-    per_task = -(-episodes // (num_workers * TASKS_PER_WORKER))
+    per_task = -(-episodes // (max(num_workers, 1) * TASKS_PER_WORKER))
     tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
+    if num_workers == 0:
+        return _rollout_in_process(env, policy_config, seed, tasks, per_task, label)
     with progress_lines(label, episodes) as progress:
-        stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress).select_columns(
-            [Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
+        stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress,
+                                 label).select_columns([Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
         nodes = episodes_by_node(progress)
     return Rollouts(returns, nodes)
+
+
+def _rollout_in_process(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]], num_envs: int,
+                        label: str) -> Rollouts:
+    runner, started = EpisodeRunner(env, policy_config, seed, num_envs), time.monotonic()
+    tables, steps = [], 0
+    for task in tasks:
+        tables.append(runner.run(task).select([Col.EPS_ID, Col.REWARDS]))
+        steps += tables[-1].num_rows
+        _print_progress(label, task[-1] + 1, steps, tasks[-1][-1] + 1, started)
+    returns, _ = episode_stats(pa.concat_tables(tables))
+    return Rollouts(returns, {})

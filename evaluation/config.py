@@ -17,7 +17,8 @@ class EvaluateConfig:
     seed: int = 1_000_000
     """Evaluation seed; keep it apart from collection seeds so evaluation starts are unseen."""
     num_workers: int = 2
-    """Ray actors running evaluation episodes in parallel."""
+    """Ray actors running evaluation episodes in parallel (on a cluster, across its nodes); 0 runs them in the
+    `orl` process itself, without starting Ray: quicker where the episodes are few and short."""
     sample_actions: bool = False
     """BC, MARWIL and IQL sample their actions, as a behaviour policy that samples its own did to make the data,
     instead of taking the most likely one (as d3rlpy and most papers evaluate). On data from such a policy the
@@ -25,7 +26,9 @@ class EvaluateConfig:
     greedily."""
 
     def __post_init__(self):
-        require_positive(self, "episodes", "num_workers")
+        require_positive(self, "episodes")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ class QFunction:
             for start in range(0, len(t), CHUNK):
                 rows = slice(start, start + CHUNK)
                 value = read(self.net, _inputs(self.observations, obs[rows]), _time(t[rows], self.bounds.horizon),
-                             torch.as_tensor(actions[rows]), self.discrete)
+                             _writable_tensor(actions[rows]), self.discrete)
                 values.append(self.bounds.clamp(value, t[rows]).numpy())
         return self.scale * np.concatenate(values)
 
@@ -265,7 +265,13 @@ def bootstrap(statistic: Callable[[np.ndarray], float], episodes: int, config: O
 
 def _inputs(observations: ModelInput, obs: np.ndarray) -> torch.Tensor:
     """Stored observations as the network's input (channels-last images, in [0, 1] for pixels)."""
-    return torch.as_tensor(observations(obs))
+    return _writable_tensor(observations(obs))
+
+
+def _writable_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor of `array`, copied only where it is read-only (a slice of the dataset's arrays), which torch warns
+    about."""
+    return torch.as_tensor(np.require(array, requirements="W"))
 
 
 def _time(t: np.ndarray, horizon: int) -> torch.Tensor:

@@ -60,7 +60,8 @@ def evaluate(run_dir: str | Path, references_dir: str | Path, config: EvaluateCo
         return _no_simulator(run, info)
     _require_the_trained_spaces(run, info, env)
     reference = read_reference(references_dir, env.label, config)
-    tracking.connect()  # before the episodes, so an unreachable server fails fast
+    tracking.connect()  # before the episodes, so an unreachable server or a lost run fails fast
+    tracking.require_run(info["mlflow_run_id"], run.run_info)
     sampled = config.sample_actions and info["policy_is_distribution"]
     actions = "sampled" if sampled else "greedy"
     policy = PolicyConfig(kind="model", model=str(run.checkpoint), greedy=not sampled)
@@ -111,6 +112,7 @@ def _no_simulator(run: RunDir, info: dict) -> dict:
     write_csv(run.eval_returns, [], fieldnames=["episode", "return"])
     plots.message(reason, run.eval_returns_plot)
     tracking.connect()
+    tracking.require_run(info["mlflow_run_id"], run.run_info)
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
         mlflow.set_tag("eval.skipped", reason)
     print(f"[evaluate {run.path.name}] {reason}", file=sys.stderr)

@@ -58,7 +58,8 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
     sampled = evaluate_config.sample_actions and info["policy_is_distribution"]
     policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
     fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), config)
-    tracking.connect()  # an unreachable tracking server fails before the fitting
+    tracking.connect()  # an unreachable tracking server or a lost run fails before the fitting
+    tracking.require_run(info["mlflow_run_id"], run.run_info)
     estimated = (estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")
                  if wanted else {"dataset": card.name, "units": "normalized score" if reference else "return",
                                  "estimates": {}})

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
-from common.ray_runtime import ask_for_token_auth, start_ray
+from common.ray_runtime import ask_for_token_auth, quiet_library_notices, start_ray
 from evaluation.config import ESTIMATORS, FQE
 from pipelines.params import Params, load_params
 from training.config import AlgosConfig
@@ -61,22 +61,29 @@ def cmd_train_online(args, params: Params) -> None:
     train_online(args.name, config, args.references, params.evaluate, args.out or Path("runs") / f"ppo-{args.name}")
 
 
+def _start_episode_runners(params: Params) -> None:
+    """Ray for the evaluation episodes' actors; none where `evaluate.num_workers` is 0 (they run in this process)."""
+    if params.evaluate.num_workers:
+        start_ray(params.ray.num_cpus)
+    else:
+        quiet_library_notices()
+
+
 def cmd_reference(args, params: Params) -> None:
     from evaluation.evaluate import measure_references
 
-    start_ray(params.ray.num_cpus)
+    _start_episode_runners(params)
     measure_references(params.simulated_envs, params.references, params.evaluate, args.out)
 
 
 def cmd_evaluate(args, params: Params) -> None:
     from evaluation.evaluate import evaluate
 
-    start_ray(params.ray.num_cpus)
+    _start_episode_runners(params)
     evaluate(args.run_dir, args.references, params.evaluate)
 
 
 def cmd_ope(args, params: Params) -> None:
-    from common.ray_runtime import quiet_library_notices
     from evaluation.ope import ope
 
     quiet_library_notices()  # RLlib's, on loading the policy; no Ray is started

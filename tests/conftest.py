@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -63,9 +64,10 @@ def user_code(monkeypatch):
 
 
 # Every S3 client of the session (pyarrow, boto3, s3fs, DVC, MLflow, and the Ray workers started after this) talks
-# to the `s3_server` fixture's moto_server on loopback, through the usual AWS variables.
-S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "testing",
-          "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+# to the `s3_server` fixture's moto_server on loopback, through the usual AWS variables. The keys are unlike any other
+# string, so a test can grep what the pipeline wrote for them.
+S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": f"ORLTEST{secrets.token_hex(6)}",
+          "AWS_SECRET_ACCESS_KEY": f"orl-secret-{secrets.token_hex(12)}", "AWS_DEFAULT_REGION": "us-east-1"}
 os.environ.update(S3_ENV)
 # One file per task (5 episodes), so tests see datasets of several files.
 TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.001)

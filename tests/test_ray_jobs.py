@@ -5,6 +5,7 @@ FAILED on our one-line error, and a client without the token, or with a wrong on
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -48,16 +49,20 @@ def project(tmp_path_factory) -> Path:
     return directory
 
 
-def ray_job(cluster: RayCluster, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
-    """`ray job ...` against the cluster's dashboard, from a home without Ray's token file, as a client holding
-    `token` (None: a client that sends none)."""
+def ray_cli(cluster: RayCluster, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    """`ray ARGS` from a home without Ray's token file, as a client holding `token` (None: a client that sends
+    none)."""
     client = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_AUTH_", "RAY_ADDRESS"))}
     client.update(LOOPBACK_ENV, HOME=str(Path(cluster.log.name).parent),
                   **({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {}))
-    result = subprocess.run([RAY, "job", *args, "--address", cluster.dashboard_url], capture_output=True, text=True,
-                            env=client, timeout=600)
+    result = subprocess.run([RAY, *args], capture_output=True, text=True, env=client, timeout=600)
     result.stdout = COLOURS.sub("", result.stdout)  # the CLI colours its status lines
     return result
+
+
+def ray_job(cluster: RayCluster, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    """`ray job ARGS` against the cluster's dashboard."""
+    return ray_cli(cluster, "job", *args, "--address", cluster.dashboard_url, token=token)
 
 
 def submit(cluster: RayCluster, project: Path, *orl_args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
@@ -83,6 +88,17 @@ def test_a_job_runs_orl_collect_with_our_progress_lines_and_the_bytes_of_a_local
     assert sorted(p.name for p in by_job.iterdir()) == sorted(p.name for p in local.iterdir())
     for path in local.iterdir():
         assert (by_job / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_the_dashboard_lists_the_jobs_collectors_by_dataset_on_both_nodes(cluster, project):
+    """The dashboard's actors view shows what Ray's state API lists: the collector actors of the job above, named
+    after their dataset, one on each node."""
+    listed = ray_cli(cluster, "list", "actors", "--detail", "--format", "json", "--limit", "10000",
+                     "--address", cluster.address)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    name = f"MapWorker(MapBatches(collect {DATASET}))"  # Ray Data's actor around our collector class
+    collectors = [actor for actor in json.loads(listed.stdout) if actor["class_name"] == name]
+    assert {a["node_id"] for a in collectors} == {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
 
 
 def test_a_failing_job_ends_failed_on_our_one_line_error(cluster, project):

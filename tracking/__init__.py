@@ -8,9 +8,10 @@ from tracking.runs import (
     git_commit,
     log_dataset_input,
     log_policy_model,
+    require_run,
     tracking_uri,
     use_experiment,
 )
 
 __all__ = ["NEWEST_ALIAS", "connect", "dvc_digest", "git_commit", "log_dataset_input", "log_policy_model",
-           "tracking_uri", "use_experiment"]
+           "require_run", "tracking_uri", "use_experiment"]

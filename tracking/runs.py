@@ -46,6 +46,18 @@ def connect() -> str:
     return uri
 
 
+def require_run(run_id: str, named_in: Path) -> None:
+    """The MLflow run that `named_in` (a run.json) names is in the store, or a one-line error says where it is
+    looked for (call `connect` first)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+    except MlflowException:
+        raise UserError(f"{named_in} names MLflow run {run_id}, which the tracking store {tracking_uri()} does not "
+                        "have: set MLFLOW_TRACKING_URI to the store `orl train` logged to, or train again") from None
+
+
 @functools.cache
 def _prepare_store(uri: str) -> None:
     """Once per store and process: the server answers, or the SQLite tables exist."""

@@ -94,6 +94,17 @@ def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_
     assert nodes == {ray.get_runtime_context().get_node_id(): 5}
 
 
+@pytest.mark.parametrize("config", [MIXTURE, PolicyConfig(kind="random")])
+def test_rollout_returns_in_this_process_are_those_of_ray_actors(config, ray_local, capsys):
+    """`evaluate.num_workers: 0`: the same episodes, stepped in the calling process, with progress lines."""
+    in_process, nodes = rollout_returns("CartPole-v1", config, seed=21, episodes=9, num_workers=0, label="here")
+    by_actors, _ = rollout_returns("CartPole-v1", config, seed=21, episodes=9, num_workers=2, label="actors")
+    np.testing.assert_array_equal(in_process, by_actors)
+    assert nodes == {}
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[here] ")]
+    assert len(lines) == 3 and lines[-1].startswith(f"[here] 9/9 episodes, {int(in_process.sum())} steps")
+
+
 def test_rollouts_return_once_their_actors_cpus_are_free_again(ray_local):
     # Else the next actor pool, started at once, finds no CPU free and Ray Data warns that its job will hang.
     free = ray.available_resources()["CPU"]

@@ -94,6 +94,12 @@ def test_orl_lists_shows_validates_and_trains_from_s3(expert_dataset, bucket, tm
     assert trained.returncode == 0, trained.stderr[-3000:]
     info = json.loads((tmp_path / "runs" / "bc-cartpole-expert" / "run.json").read_text())
     assert info["dataset_path"] == uri and info["registered_model"]["name"] == "CartPole-v1-bc"
+    # The S3 keys reach no output, no run directory and no MLflow run (its store and artifacts are in tmp_path).
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in written) and any(p.name == "MLmodel" for p in written)
+    for key in (S3_ENV["AWS_ACCESS_KEY_ID"], S3_ENV["AWS_SECRET_ACCESS_KEY"]):
+        assert not any(key in r.stdout + r.stderr for r in (listed, trained))
+        assert not [p for p in written if key.encode() in p.read_bytes()]
 
 
 def test_an_interrupted_collection_leaves_no_readable_dataset_and_a_rerun_is_identical(bucket, tmp_path):

@@ -111,6 +111,21 @@ def test_ope_refuses_data_of_another_task_in_one_line(project, expert_dataset, t
                       "CartPole-v1 episodes; pass a dataset of the same env")
 
 
+@pytest.mark.parametrize("command", [["ope", "runs/bc", "--dataset", f"datasets/{DATASET}"],
+                                     ["evaluate", "runs/bc"]])
+def test_a_run_missing_from_the_tracking_store_is_named_in_one_line(project, command):
+    """Another store than the one `orl train` logged to (a deleted mlflow.db, a new server): refused before any
+    work, and the run's outputs stay as they were."""
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in (project / "runs" / "bc").rglob("*") if p.is_file()}
+
+    before = files()
+    result = orl(*command, cwd=project, env={"MLFLOW_TRACKING_URI": f"sqlite:///{project / 'other.db'}"})
+    assert_user_error(result, "runs/bc/run.json names MLflow run ", f"which the tracking store sqlite:///{project}",
+                      "set MLFLOW_TRACKING_URI to the store `orl train` logged to")
+    assert files() == before
+
+
 def test_ope_refuses_estimators_the_data_cannot_support_in_one_line(project, tmp_path):
     # CartPole episodes logged without their behaviour policy's probabilities.
     log = pd.DataFrame({"episode": [0, 0, 1], "step": [0, 1, 0], "x": [0.0, 0.01, 0.02], "v": 0.0, "a": 0.01,
