@@ -33,7 +33,6 @@ def cmd_collect(args, params: Params) -> None:
 def cmd_train(args, params: Params) -> None:
     from dataset_format import locate
     from tracking import connect
-    from training.train import train
 
     location = locate(args.dataset)  # located once, then handed down
     name = location.name
@@ -46,6 +45,8 @@ def cmd_train(args, params: Params) -> None:
         print(f"[train] {args.algo} on {name} with algos.{args.algo}.per_dataset's {values}", flush=True)
     out = args.out or Path("runs") / f"{args.algo}-{name}"
     connect()  # an unreachable tracking server fails now, before Ray starts
+    from training.train import train  # RLlib and torch: seconds, spent once the input is known to be good
+
     start_ray(params.ray.num_cpus)
     seed = params.train.seed if args.seed is None else args.seed
     train(args.algo, configured.for_dataset(name), location, out, seed, params.train.checkpoint_every)
