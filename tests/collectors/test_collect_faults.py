@@ -28,12 +28,12 @@ def write_params(workdir, datasets: dict, collect: dict):
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
 
 
-def collector_processes(root: psutil.Process) -> list[psutil.Process]:
-    """The collector actors' processes among `root`'s descendants (Ray names them after the class they run)."""
+def collector_processes(root: psutil.Process, name: str) -> list[psutil.Process]:
+    """The actor processes of dataset `name`'s collectors among `root`'s descendants (their title names the dataset)."""
     found = []
     for child in root.children(recursive=True):
         try:
-            if "EpisodeRunner" in " ".join(child.cmdline()):
+            if f"MapBatches(collect {name})" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -53,7 +53,7 @@ def test_a_killed_collector_is_replaced_and_the_dataset_is_identical(tmp_path):
         for line in process.stderr:  # the first progress line: collectors are running tasks
             if "episodes," in line:
                 break
-        victims = collector_processes(psutil.Process(process.pid))
+        victims = collector_processes(psutil.Process(process.pid), "expert")
         assert victims, "no collector process found to kill"
         victims[0].kill()
         assert not (tmp_path / "ds").exists(), "the collection ended before the fault"
