@@ -70,7 +70,7 @@ class Collection:
             transitions = episodes_dataset(spec.env, spec.policy, spec.seed, tasks, settings.num_collectors,
                                            settings.envs_per_collector, progress, label)
             card = dataset.write(transitions, self.out, self.card, file_bytes=int(settings.file_mib * 2**20))
-        print(f"[collect {self.name}] wrote {card.transitions} transitions in {len(card.files)} files to {self.out}; "
+        print(f"[{label}] wrote {card.transitions} transitions in {len(card.files)} files to {self.out}; "
               f"return {card.returns['mean']:.1f} ± {card.returns['std']:.1f}", file=sys.stderr)
         return card
 

@@ -278,7 +278,7 @@ def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episod
     per_task = -(-episodes // (max(num_workers, 1) * TASKS_PER_WORKER))
     tasks = [list(range(s, min(s + per_task, episodes))) for s in range(0, episodes, per_task)]
     if num_workers == 0:
-        return _rollout_in_process(env, policy_config, seed, tasks, per_task, label)
+        return _rollout_in_process(env, policy_config, seed, tasks, episodes, per_task, label)
     with progress_lines(label, episodes) as progress:
         stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress,
                                  label).select_columns([Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
@@ -287,13 +287,13 @@ def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episod
     return Rollouts(returns, nodes)
 
 
-def _rollout_in_process(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]], num_envs: int,
-                        label: str) -> Rollouts:
+def _rollout_in_process(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]], episodes: int,
+                        num_envs: int, label: str) -> Rollouts:
     runner, started = EpisodeRunner(env, policy_config, seed, num_envs), time.monotonic()
     tables, steps = [], 0
     for task in tasks:
         tables.append(runner.run(task).select([Col.EPS_ID, Col.REWARDS]))
         steps += tables[-1].num_rows
-        _print_progress(label, task[-1] + 1, steps, tasks[-1][-1] + 1, started)
+        _print_progress(label, task[-1] + 1, steps, episodes, started)
     returns, _ = episode_stats(pa.concat_tables(tables))
     return Rollouts(returns, {})

@@ -33,6 +33,7 @@ def cmd_collect(args, params: Params) -> None:
 def cmd_train(args, params: Params) -> None:
     from dataset_format import locate
     from tracking import connect
+    from training.plan import plan_training
 
     location = locate(args.dataset)  # located once, then handed down
     name = location.name
@@ -43,13 +44,14 @@ def cmd_train(args, params: Params) -> None:
     if name in configured.per_dataset:
         values = ", ".join(f"{key}={value}" for key, value in configured.per_dataset[name].items())
         print(f"[train] {args.algo} on {name} with algos.{args.algo}.per_dataset's {values}", flush=True)
-    out = args.out or Path("runs") / f"{args.algo}-{name}"
+    seed = params.train.seed if args.seed is None else args.seed
+    plan = plan_training(args.algo, configured.for_dataset(name), location,
+                         args.out or Path("runs") / f"{args.algo}-{name}", seed)
     connect()  # an unreachable tracking server fails now, before Ray starts
     from training.train import train  # RLlib and torch: seconds, spent once the input is known to be good
 
     start_ray(params.ray.num_cpus)
-    seed = params.train.seed if args.seed is None else args.seed
-    train(args.algo, configured.for_dataset(name), location, out, seed, params.train.checkpoint_every)
+    train(plan, params.train.checkpoint_every)
 
 
 def cmd_train_online(args, params: Params) -> None:

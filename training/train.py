@@ -11,22 +11,19 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import mlflow
 import ray
 
-import dataset_format as dataset
 import tracking
 from common import plots
-from common.envs import env_spaces
-from common.errors import UserError, refuse_to_overwrite
+from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
 from common.trained_policy import MODULE_SUBDIR
 from training.algorithms.registry import algorithm as offline_algorithm
 from training.algorithms.registry import rllib_config
 from training.algorithms.train_batches import release_data_iterator
-from training.config import LearnerParams
+from training.plan import TrainingPlan
 
 
 def learner_metrics(result: dict) -> dict[str, float]:
@@ -35,18 +32,13 @@ def learner_metrics(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.Location, out_dir: str | Path,
-          seed: int, checkpoint_every: int) -> dict:
-    """Trains `algo` on the dataset at `dataset_path` (a directory or an s3:// prefix) into the run directory."""
-    dataset_dir, run, entry = dataset.locate(dataset_path), RunDir(Path(out_dir)), offline_algorithm(algo)
-    card = dataset.read_card(dataset_dir)
-    dataset.validate(dataset_dir, env_spaces(card.env) if card.env else None, card)
-    for output in (run.checkpoint, run.run_info):
-        refuse_to_overwrite(output)
+def train(plan: TrainingPlan, checkpoint_every: int) -> dict:
+    """Runs the plan: trains into its run directory, resuming an interrupted run of the same inputs."""
+    algo, params, dataset_dir, card, run, label = plan.algo, plan.params, plan.dataset, plan.card, plan.run, plan.label
+    entry = offline_algorithm(algo)
     experiment_id = tracking.use_experiment(card.task)  # an unusable tracking store fails before training
     digest = tracking.dvc_digest(dataset_dir)
-    label = f"train {algo} {card.name}"
-    fingerprint = hashlib.sha256(json.dumps([algo, dataclasses.asdict(params), digest, seed]).encode()).hexdigest()
+    fingerprint = hashlib.sha256(json.dumps([algo, dataclasses.asdict(params), digest, plan.seed]).encode()).hexdigest()
     resume = _load_resume(run, fingerprint)
 
     # A resumed run continues its MLflow run; a new one starts with params, tags and the dataset input.
@@ -56,13 +48,13 @@ def train(algo: str, params: LearnerParams, dataset_path: str | Path | dataset.L
         if resume is None:
             # The values trained with: `per_dataset`'s are already in place (LearnerParams.for_dataset).
             hyper_parameters = {k: v for k, v in dataclasses.asdict(params).items() if k != "per_dataset"}
-            mlflow.log_params({"algo": algo, "seed": seed, **hyper_parameters,
+            mlflow.log_params({"algo": algo, "seed": plan.seed, **hyper_parameters,
                                **{f"dataset.{k}": v for k, v in card.summary().items()}})
             mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
                              "dataset": card.name, "env_id": card.env_id or "", "algo": algo})
             tracking.log_dataset_input(card, dataset_dir, digest)
 
-        algorithm = rllib_config(algo, params, dataset_dir, seed, card).build_algo()
+        algorithm = rllib_config(algo, params, dataset_dir, plan.seed, card).build_algo()
         try:
             mlflow.set_tag("ray.learner_nodes", json.dumps(learner_nodes(algorithm)))
             curve = resume["curve"] if resume else []

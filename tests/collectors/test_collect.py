@@ -39,6 +39,7 @@ def test_mixture_logs_the_behaviour_log_probability(mixture_dataset):
     assert card.behavior_policy["base"]["callable"] == "examples.controllers:cartpole"
 
 
+@pytest.mark.slow  # a collection of its own, as are the next ones: seconds each, mostly Ray Data's start
 def test_mixed_data_runs_whole_episodes_by_one_policy_or_the_other(ray_local, tmp_path):
     spec = DatasetConfig(env="CartPole-v1", episodes=16, seed=5, policy=dataclasses.replace(CARTPOLE_EXPERT, random_episodes=0.5))
     collect("mixed", spec, CollectConfig(num_collectors=2, envs_per_collector=4, episodes_per_task=8), tmp_path / "a")
@@ -52,6 +53,7 @@ def test_mixed_data_runs_whole_episodes_by_one_policy_or_the_other(ray_local, tm
     assert file_hashes(tmp_path / "a") == file_hashes(tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_action_noise_perturbs_the_continuous_expert_by_its_std_and_is_seeded(ray_local, tmp_path):
     spec = DatasetConfig(env="Pendulum-v1", episodes=8, seed=4, policy=dataclasses.replace(PENDULUM_EXPERT, action_noise=0.1))
     collect("noisy", spec, CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=2), tmp_path / "a")
@@ -76,6 +78,7 @@ def test_action_noise_on_discrete_actions_says_to_use_a_mixture(ray_local, tmp_p
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id,controller,obs_dim,logp", [
     ("Acrobot-v1", "acrobot", 6, True), ("Pendulum-v1", "pendulum", 3, False),
     ("LunarLander-v3", "lunar_lander", 8, True)])

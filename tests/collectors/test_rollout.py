@@ -84,7 +84,7 @@ def test_continuous_actions_without_a_density_have_no_logp_column():
     assert table.num_rows == 400  # Pendulum truncates at 200 steps
 
 
-@pytest.mark.parametrize("config", [MIXTURE, PolicyConfig(kind="random")])
+@pytest.mark.parametrize("config", [MIXTURE, pytest.param(PolicyConfig(kind="random"), marks=pytest.mark.slow)])
 def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_local):
     returns, nodes = rollout_returns("CartPole-v1", config, seed=21, episodes=5, num_workers=2, label="test")
     local, _ = episode_stats(EpisodeRunner("CartPole-v1", config, seed=21, num_envs=1).run(list(range(5))))
@@ -94,7 +94,7 @@ def test_rollout_returns_one_return_per_episode_as_the_runner_gives(config, ray_
     assert nodes == {ray.get_runtime_context().get_node_id(): 5}
 
 
-@pytest.mark.parametrize("config", [MIXTURE, PolicyConfig(kind="random")])
+@pytest.mark.parametrize("config", [MIXTURE, pytest.param(PolicyConfig(kind="random"), marks=pytest.mark.slow)])
 def test_rollout_returns_in_this_process_are_those_of_ray_actors(config, ray_local, capsys):
     """`evaluate.num_workers: 0`: the same episodes, stepped in the calling process, with progress lines."""
     in_process, nodes = rollout_returns("CartPole-v1", config, seed=21, episodes=9, num_workers=0, label="here")
@@ -105,6 +105,7 @@ def test_rollout_returns_in_this_process_are_those_of_ray_actors(config, ray_loc
     assert len(lines) == 3 and lines[-1].startswith(f"[here] 9/9 episodes, {int(in_process.sum())} steps")
 
 
+@pytest.mark.slow  # three actor pools one after another
 def test_rollouts_return_once_their_actors_cpus_are_free_again(ray_local):
     # Else the next actor pool, started at once, finds no CPU free and Ray Data warns that its job will hang.
     free = ray.available_resources()["CPU"]

@@ -227,6 +227,7 @@ def test_fqe_on_continuous_actions_values_the_action_the_policy_takes():
         assert value == pytest.approx(-HORIZON * (c - 0.5) ** 2, rel=0.12, abs=0.3), c
 
 
+@pytest.mark.slow  # a CNN's fit on CPU
 def test_fqe_reads_image_observations_through_a_cnn():
     """Channels-first uint8 frames (a FrameStackObservation layout) whose first pixel tells which action pays:
     a policy that reads it is worth HORIZON, and only a network that sees the frames can tell."""

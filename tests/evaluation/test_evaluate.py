@@ -62,6 +62,7 @@ def test_normalized_score_is_none_without_a_ceiling():
     assert normalized_score(50.0, {"random": {"mean": 22.0}}) is None
 
 
+@pytest.mark.slow  # every reference policy's episodes, by Ray actors
 def test_measure_references_writes_random_and_expert_returns_on_the_seeds(ray_local, tmp_path):
     references = tmp_path / "references"
     measure_references([EnvSpec.of("CartPole-v1")], {"CartPole-v1": ReferenceConfig(ceiling=CARTPOLE_EXPERT)}, TINY,

@@ -11,7 +11,8 @@ import dataset_format as dataset
 from tests.conftest import upload
 
 
-@pytest.mark.parametrize("where", ["directory", pytest.param("s3", marks=pytest.mark.slow)])  # s3: a server
+@pytest.mark.slow  # stock RLlib BC through Ray Data, from a directory and from a server
+@pytest.mark.parametrize("where", ["directory", "s3"])
 def test_stock_bc_trains_on_the_dataset(expert_dataset, ray_local, request, where):
     from ray.rllib.algorithms.bc import BCConfig
 

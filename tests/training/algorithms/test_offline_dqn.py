@@ -50,6 +50,7 @@ def greedy_returns(checkpoint, episodes=10):
     return episode_stats(table)[0]
 
 
+@pytest.mark.slow  # trains to a score, then runs its episodes
 def test_offline_dqn_learns_cartpole_from_medium_data(medium_dataset, tmp_path):
     stats = train_and_save(medium_dataset, DQNParams(**BUDGET), tmp_path / "dqn")
     assert np.isfinite(stats["qf_loss"])

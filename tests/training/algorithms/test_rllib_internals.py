@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import inspect
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,12 @@ def test_each_hook_is_still_in_the_installed_source(key):
 
 
 def _python_files(*folders: str) -> list[Path]:
-    """The repository's Python files under `folders` (all of them by default), never the virtualenvs'."""
-    roots = [REPO / folder for folder in folders] or [REPO]
-    return sorted(path for root in roots for path in root.rglob("*.py")
-                  if not any(part.startswith(".") for part in path.relative_to(REPO).parts))
+    """The repository's Python files under `folders` (all of them by default), new ones included; never what git
+    ignores (virtualenvs, MLflow's artifact copies of our code)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    return sorted(REPO / name for name in listed
+                  if (not folders or Path(name).parts[0] in folders) and (REPO / name).is_file())
 
 
 def _is_private(name: str | None) -> bool:

@@ -205,6 +205,7 @@ def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):
     assert abs(shards[0].rows - shards[1].rows) <= 1
 
 
+@pytest.mark.slow  # two learner actors, each a process with torch
 def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
     """num_learners=2: each learner actor holds its share of the dataset, and their averaged gradients keep
     their weights equal."""
