@@ -66,7 +66,7 @@ class Params:
         for name in self.imports:
             if name in self.all_datasets:
                 raise ValueError(f"imports.{name} is also a collected dataset's name; give it another name")
-        for where, names in [("train.datasets", self.train.datasets),
+        for where, names in [*((f"train.runs.{name}.dataset", [run.dataset]) for name, run in self.train.runs.items()),
                              *((f"algos.{algo}.per_dataset", self.algos.get(algo).per_dataset)
                                for algo in self.algos.names())]:
             missing = [d for d in names if d not in self.all_datasets and d not in self.imports]

@@ -34,7 +34,7 @@ def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("atari")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["datasets"] = {"pong": {"env": PONG, "episodes": 4, "seed": 0, "policy": {"kind": "random"}}}
-    params["policy_datasets"], params["train"]["datasets"] = {}, []
+    params["policy_datasets"], params["train"]["runs"] = {}, {}
     params["collect"].update(num_collectors=2, envs_per_collector=2, episodes_per_task=2)
     for algo in ("bc", "dqn"):
         params["algos"][algo].update(TINY)

@@ -56,8 +56,9 @@ def repo(tmp_path_factory) -> Path:
         "columns": {"episode": "visitor", "step": "page", "obs": ["price", "stock"], "actions": ["offer"],
                     "rewards": "revenue", "terminated": "left"}}}
     params["collect"]["episodes_per_task"] = 10
-    params["train"]["datasets"] = ["cartpole-expert"]
-    params["train"]["algos"] = ["bc", "dqn"]  # dqn: the matrix, evaluation and report of a Q-learner
+    # dqn: the evaluation and report of a Q-learner
+    params["train"]["runs"] = {f"{algo}-cartpole-expert": {"algo": algo, "dataset": "cartpole-expert"}
+                               for algo in ("bc", "dqn")}
     params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
     params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)

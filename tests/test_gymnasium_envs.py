@@ -35,7 +35,7 @@ USER = {"PYTHONPATH": str(USER_CODE)}  # the signpost env's package, as the user
 def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("envs")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["datasets"], params["policy_datasets"], params["train"]["datasets"] = DATASETS, {}, []
+    params["datasets"], params["policy_datasets"], params["train"]["runs"] = DATASETS, {}, {}
     params["collect"].update(num_collectors=2, envs_per_collector=2, episodes_per_task=2)
     for algo in ("bc", "cql", "iql"):
         params["algos"][algo].update(TINY)
@@ -99,7 +99,7 @@ def test_a_dict_observation_is_refused_in_one_line_and_collects_once_flattened(t
         "signpost": {"env": SIGNPOST, "episodes": 2, "seed": 0, "policy": {"kind": "random"}},
         "flat-signpost": {"env": {**SIGNPOST, "wrappers": ["FlattenObservation"]}, "episodes": 2, "seed": 0,
                           "policy": {"kind": "random"}}}
-    params["policy_datasets"], params["train"]["datasets"] = {}, []
+    params["policy_datasets"], params["train"]["runs"] = {}, {}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     for command in (["collect", "signpost"], ["reference", "--out", "references"]):
         assert_user_error(orl(*command, cwd=tmp_path, env=USER),

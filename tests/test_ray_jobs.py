@@ -96,7 +96,7 @@ def test_a_job_runs_dvc_repro_of_a_tiny_pipeline_with_the_bytes_of_a_local_run(c
     copy_pipeline(tmp_path)
     params = yaml.safe_load((project / "params.yaml").read_text())
     params.update(datasets={DATASET: params["datasets"][DATASET]}, policy_datasets={}, online_policies={}, imports={})
-    params["train"]["datasets"] = []
+    params["train"]["runs"] = {}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for command in (["git", "init", "-q"], [str(Path(sys.executable).parent / "dvc"), "init", "-q"]):
         subprocess.run(command, cwd=tmp_path, check=True, capture_output=True, timeout=300)

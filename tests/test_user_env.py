@@ -49,7 +49,8 @@ def repo(tmp_path_factory, user_env) -> Path:
     params["references"] = {"Corridor": {"ceiling": WALK_RIGHT}}
     params["policy_datasets"], params["online_policies"], params["imports"] = {}, {}, {}
     params["collect"].update(episodes_per_task=10)
-    params["train"].update(datasets=["corridor-mixed"], algos=["bc", "dqn"])
+    params["train"]["runs"] = {f"{algo}-corridor-mixed": {"algo": algo, "dataset": "corridor-mixed"}
+                              for algo in ("bc", "dqn")}
     params["algos"]["dqn"]["iterations"] = 10
     params["evaluate"]["episodes"] = 10
     params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)

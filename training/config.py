@@ -250,23 +250,39 @@ class AlgosConfig:
     iql: IQLParams = field(default_factory=IQLParams)
 
     def get(self, algo: str) -> LearnerParams:
-        if algo not in self.names():
-            raise ValueError(f"unknown algorithm '{algo}': use one of {', '.join(self.names())}")
-        return getattr(self, algo)
+        return getattr(self, self.require_known(algo))
 
     @classmethod
     def names(cls) -> list[str]:
         return list(cls.__dataclass_fields__)
 
+    @classmethod
+    def require_known(cls, algo: str) -> str:
+        if algo not in cls.names():
+            raise ValueError(f"unknown algorithm '{algo}': use one of {', '.join(cls.names())}")
+        return algo
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: an algorithm and the dataset it learns from."""
+
+    algo: str
+    """The algorithm (a key of `algos`)."""
+    dataset: str
+    """The dataset (a key of `datasets`, `policy_datasets` or `imports`)."""
+
+    def __post_init__(self):
+        AlgosConfig.require_known(self.algo)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Which policies the pipeline trains: every algorithm on every dataset."""
+    """Which policies the pipeline trains, and the settings all runs share."""
 
-    algos: list[str] = field(default_factory=lambda: ["bc", "marwil"])
-    """Algorithms to train (keys of `algos`)."""
-    datasets: list[str] = field(default_factory=list)
-    """Datasets to train on (keys of `datasets`)."""
+    runs: dict[str, RunConfig] = field(default_factory=dict)
+    """Training runs by name: each becomes runs/NAME (dvc.yaml's train@NAME, evaluate@NAME and ope@NAME stages).
+    Name them ALGO-DATASET, as `orl train` does by default."""
     seed: int = 0
     """Seed of network initialisation and batch sampling."""
     checkpoint_every: int = 10
@@ -274,9 +290,6 @@ class TrainConfig:
 
     def __post_init__(self):
         require_positive(self, "checkpoint_every")
-        unknown = [a for a in self.algos if a not in AlgosConfig.names()]
-        if unknown:
-            raise ValueError(f"unknown algorithms {unknown}: use some of {', '.join(AlgosConfig.names())}")
 
 
 @dataclass(frozen=True)

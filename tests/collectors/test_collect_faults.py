@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # collections killed midway
 def write_params(workdir, datasets: dict, collect: dict):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["datasets"], params["collect"] = datasets, collect
-    params["train"]["datasets"] = []
+    params["train"]["runs"] = {}
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
 
 

@@ -56,7 +56,7 @@ def local_bytes(path) -> dict[str, bytes]:
 
 def write_params(workdir, datasets: dict, **algos) -> None:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["datasets"], params["policy_datasets"], params["train"]["datasets"] = datasets, {}, []
+    params["datasets"], params["policy_datasets"], params["train"]["runs"] = datasets, {}, {}
     # Files of a few tasks each: several files, and few Ray Data write tasks at once.
     params["collect"].update(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.5)
     for algo, overrides in algos.items():

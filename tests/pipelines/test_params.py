@@ -30,7 +30,7 @@ def test_the_pipelines_params_parse(path):
     assert params.datasets["cartpole-expert"].env == EnvSpec(id="CartPole-v1")
     assert params.references["CartPole-v1"].ceiling.callable == "examples.controllers:cartpole"
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
-    assert set(params.train.datasets) <= set(params.all_datasets)
+    assert {run.dataset for run in params.train.runs.values()} <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
 
 
@@ -66,8 +66,10 @@ def test_the_suite_trains_behaviour_policies_online():
      r"references.CartPole-v1: give the ceiling as a policy \(`ceiling`\) or a return \(`ref_max`\), not both"),
     (lambda p: p["algos"]["bc"].update(lr="fast"), r"algos.bc.lr must be a float, got 'fast'"),
     (lambda p: p["algos"]["marwil"].update(beta=3), r"algos.marwil: beta must be in \[0, 1\], got 3"),
-    (lambda p: p["train"].update(algos=["bc", "ppo"]), r"unknown algorithms \['ppo'\]"),
-    (lambda p: p["train"].update(datasets=["nope"]), r"train.datasets names \['nope'\]"),
+    (lambda p: p["train"]["runs"].update(x={"algo": "ppo", "dataset": "cartpole-expert"}),
+     r"train.runs.x: unknown algorithm 'ppo': use one of bc, marwil"),
+    (lambda p: p["train"]["runs"].update(x={"algo": "bc", "dataset": "nope"}),
+     r"train.runs.x.dataset names \['nope'\]"),
     (lambda p: p["collect"].update(num_colectors=3), r"unknown key 'collect.num_colectors'"),
     (lambda p: p["datasets"]["cartpole-medium"]["policy"].update(epsilon=1.5), r"epsilon 1.5 is out of range"),
     (lambda p: p["datasets"]["pendulum-expert"]["policy"].update(action_noise=-0.1),
