@@ -9,6 +9,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,36 @@ def test_the_dashboard_lists_the_jobs_collectors_by_dataset_on_both_nodes(cluste
     collectors = [actor for actor in json.loads(listed.stdout) if actor["class_name"] == name]
     assert {a["node_id"] for a in collectors} == {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
 
+
+
+def test_the_dashboard_in_a_browser_shows_the_collectors_on_each_node_to_whoever_logs_in(cluster, project, tmp_path):
+    """Ray's dashboard rendered by headless Chromium, as a person opens it: without the token its API refuses; after
+    the login the dashboard's token dialog makes (POST /api/authenticate, which sets its cookie), the actors view,
+    filtered by class, lists the collectors of the jobs above, one on each node. The screenshot stays in tmp_path."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no Chromium to render the dashboard with: apt-get install chromium")
+    name = f"MapWorker(MapBatches(collect {DATASET}))"
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1600, "height": 1000})
+            assert context.request.get(f"{cluster.dashboard_url}/api/v0/actors").status == 401
+            login = context.request.post(f"{cluster.dashboard_url}/api/authenticate",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+            assert login.ok, login.text()
+            page = context.new_page()
+            page.goto(f"{cluster.dashboard_url}/#/actors")
+            page.get_by_label("Class", exact=True).fill(f"collect {DATASET}")
+            rows = page.locator("tr", has_text=name)
+            rows.first.wait_for(timeout=120_000)
+            page.screenshot(path=tmp_path / "actors.png", full_page=True)
+            shown = [rows.nth(i).inner_text() for i in range(rows.count())]
+        finally:
+            browser.close()
+    nodes = {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
+    assert {node for node in nodes if any(node in row for row in shown)} == nodes, shown
 
 def test_a_failing_job_ends_failed_on_our_one_line_error(cluster, project):
     submitted = submit(cluster, project, "collect", "no-such-dataset")
