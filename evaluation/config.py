@@ -89,9 +89,14 @@ class OPEConfig:
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95
     """Coverage of the bootstrap percentile intervals."""
+    min_effective_episodes: float = 10.0
+    """Weighted importance sampling (wpdis) whose final weights leave fewer effective episodes than this (Kish's
+    effective sample size) gives no number but "unreliable": the weights collapsed, and its value is whatever the few
+    surviving episodes say."""
 
     def __post_init__(self):
-        require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples")
+        require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples",
+                         "min_effective_episodes")
         if self.gamma > 1:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:

@@ -32,7 +32,7 @@ from evaluation.references import CEILING, normalized_score, read_reference
 POLICY_CHUNK = 65_536
 
 # Why an estimate that applies gave no number: the report's cell for it.
-DID_NOT_CONVERGE, OUT_OF_RANGE = "did not converge", "out of range"
+DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range", "unreliable"
 
 
 def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, config: OPEConfig,
@@ -106,11 +106,18 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     if WPDIS in estimators or DR in estimators:
         weighted = Weighted.of(held_out, log_ratios(held_out, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
                                config.gamma)
+        effective = weighted.effective_episodes()
         for name, statistic in ((WPDIS, Weighted.wpdis), (DR, Weighted.wdr)):
             if name in estimators:
                 results[name] = _estimate(statistic(weighted), lambda s, f=statistic: f(weighted.resampled(s)),
                                           len(held_out), config, reference, allowed)
-                results[name]["effective_episodes"] = weighted.effective_episodes()
+                results[name]["effective_episodes"] = effective
+        # Doubly robust falls back on FQE where the weights die; weighted importance sampling has nothing to fall on.
+        if WPDIS in estimators and effective < config.min_effective_episodes:
+            results[WPDIS] = {"undefined": f"its importance weights collapsed: {effective:.1f} effective episodes "
+                                           f"(Kish) of {len(held_out)}, fewer than ope.min_effective_episodes "
+                                           f"({config.min_effective_episodes:g}); no estimate",
+                              "status": UNRELIABLE, "effective_episodes": effective}
     if not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
         reason = (f"FQE did not converge: its final TD loss {q.fit.td_loss:.4g} is above the variance of the logged "
                   f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")

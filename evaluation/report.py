@@ -91,7 +91,8 @@ def ope_section(rows: list[dict], summary: dict) -> str:
         lines.append(f"| {r['run']} | {r['dataset']} | {_cell(r['truth'])} | {' | '.join(cells)} |")
     text = ("\n## Off-policy estimates\n\nEach policy's return estimated from its dataset alone (`orl ope`; "
             "normalized scores, or returns for data without an env; - where an estimator does not apply; \"did not "
-            "converge\" where FQE's fit failed, docs/ope.md), against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
+            "converge\" where FQE's fit failed; \"unreliable\" where the importance weights collapsed, docs/ope.md), "
+            "against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
     if summary:
         text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
     return text

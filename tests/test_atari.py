@@ -98,7 +98,11 @@ def test_ope_estimates_a_policy_on_frames_through_a_cnn(workdir):
     assert ope["units"] == "return" and ope["fqe_fit"]["converged"], ope  # Pong has no ceiling reference here
     low, high = ope["returns_allowed"]
     for name in ("fqe", "wpdis", "dr"):  # random data logs its action probabilities
-        assert low <= ope["estimates"][name]["value"] <= high, (name, ope)
+        estimate = ope["estimates"][name]
+        if name == "wpdis" and estimate.get("status") == "unreliable":  # a greedy policy collapses the weights
+            assert estimate["effective_episodes"] < 10, ope
+        else:
+            assert low <= estimate["value"] <= high, (name, ope)
         assert f"[ope bc] {name}: " in log
 
 

@@ -73,6 +73,9 @@ def test_ope_estimates_each_estimator_inside_its_interval_in_normalized_units(es
         assert output["episodes"]["estimated_on"] == output["episodes"]["total"] == 20  # no held-out split
         for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
             estimate = output["estimates"][name]
+            if estimate.get("status") == "unreliable":  # wpdis whose weights collapsed: no number
+                assert name == "wpdis" and estimate["effective_episodes"] < 10, (algo, estimate)
+                continue
             assert "value" in estimate, (algo, name, estimate)
             assert estimate["ci_low"] <= estimate["value"] <= estimate["ci_high"], (algo, name, estimate)
 
@@ -145,6 +148,22 @@ def test_ope_refuses_estimators_the_data_cannot_support_in_one_line(project, tmp
         ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(held_out_fraction=0.9), evaluate, ["fqe"])
 
 
+
+def test_importance_weights_that_leave_too_few_effective_episodes_give_unreliable_not_a_number(project, estimated,
+                                                                                               monkeypatch):
+    monkeypatch.chdir(project)  # its MLflow store
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    demanding = OPEConfig(**{**params["ope"], "min_effective_episodes": 21.0})  # more than the 20 episodes logged
+    output = ope(project / "runs" / "bc", f"datasets/{DATASET}", project / "references", demanding,
+                 EvaluateConfig(**params["evaluate"]))
+    wpdis = output["estimates"]["wpdis"]
+    assert wpdis["status"] == "unreliable" and "value" not in wpdis and wpdis["effective_episodes"] <= 20
+    assert wpdis["undefined"].startswith("its importance weights collapsed: ")
+    assert "fewer than ope.min_effective_episodes (21)" in wpdis["undefined"]
+    assert "value" in output["estimates"]["dr"]  # doubly robust falls back on FQE's values
+    run_id = json.loads((project / "runs" / "bc" / "run.json").read_text())["mlflow_run_id"]
+    assert math.isnan(tracking(project).get_run(run_id).data.metrics["ope/wpdis"])
+
 def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier_estimate(project, estimated,
                                                                                          monkeypatch):
     """Last in this module: it leaves NaN over the DQN run's earlier estimates, as it must."""
@@ -157,9 +176,9 @@ def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier
     for name in ("fqe", "dr"):  # DR stands on FQE's values
         assert output["estimates"][name]["status"] == "did not converge"
         assert output["estimates"][name]["undefined"].startswith("FQE did not converge: its final TD loss ")
-    assert "value" in output["estimates"]["wpdis"]
+    assert output["estimates"]["wpdis"].get("status") != "did not converge"  # it stands on no fit
     run_id = json.loads((project / "runs" / "dqn" / "run.json").read_text())["mlflow_run_id"]
     metrics = tracking(project).get_run(run_id).data.metrics
-    assert math.isnan(metrics["ope/fqe"]) and math.isnan(metrics["ope/dr"]) and not math.isnan(metrics["ope/wpdis"])
+    assert math.isnan(metrics["ope/fqe"]) and math.isnan(metrics["ope/dr"])
     result = orl("select", "--dataset", DATASET, "--by", "fqe", cwd=project)
     assert result.returncode == 0 and "alias cartpole-expert-ope-best -> models:/CartPole-v1-bc/1" in result.stderr
