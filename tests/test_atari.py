@@ -13,6 +13,8 @@ import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
+from evaluation.config import OPEConfig
+from evaluation.ope import UNRELIABLE
 from tests.conftest import REPO, assert_minari_round_trip, orl
 
 pytestmark = pytest.mark.slow  # Atari emulators and CNNs, through several `orl` commands
@@ -99,8 +101,8 @@ def test_ope_estimates_a_policy_on_frames_through_a_cnn(workdir):
     low, high = ope["returns_allowed"]
     for name in ("fqe", "wpdis", "dr"):  # random data logs its action probabilities
         estimate = ope["estimates"][name]
-        if name == "wpdis" and estimate.get("status") == "unreliable":  # a greedy policy collapses the weights
-            assert estimate["effective_episodes"] < 10, ope
+        if name == "wpdis" and estimate.get("status") == UNRELIABLE:  # a greedy policy collapses the weights
+            assert estimate["effective_episodes"] < OPEConfig().min_effective_episodes, ope
         else:
             assert low <= estimate["value"] <= high, (name, ope)
         assert f"[ope bc] {name}: " in log

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow  # a two-node Ray cluster with its dashboard, and 
 DATASET = "job-expert"
 RAY = str(Path(sys.executable).parent / "ray")  # the CLI of the environment the README installs
 TOKEN = secrets.token_hex(16)
+COLLECTOR = f"MapWorker(MapBatches(collect {DATASET}))"  # Ray Data's actor around our collector class
 COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -118,8 +119,7 @@ def test_the_dashboard_lists_the_jobs_collectors_by_dataset_on_both_nodes(cluste
     listed = ray_cli(cluster, "list", "actors", "--detail", "--format", "json", "--limit", "10000",
                      "--address", cluster.address)
     assert listed.returncode == 0, listed.stderr[-2000:]
-    name = f"MapWorker(MapBatches(collect {DATASET}))"  # Ray Data's actor around our collector class
-    collectors = [actor for actor in json.loads(listed.stdout) if actor["class_name"] == name]
+    collectors = [actor for actor in json.loads(listed.stdout) if actor["class_name"] == COLLECTOR]
     assert {a["node_id"] for a in collectors} == {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
 
 
@@ -132,7 +132,6 @@ def test_the_dashboard_in_a_browser_shows_the_collectors_on_each_node_to_whoever
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("no Chromium to render the dashboard with: apt-get install chromium")
-    name = f"MapWorker(MapBatches(collect {DATASET}))"
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
@@ -144,7 +143,7 @@ def test_the_dashboard_in_a_browser_shows_the_collectors_on_each_node_to_whoever
             page = context.new_page()
             page.goto(f"{cluster.dashboard_url}/#/actors")
             page.get_by_label("Class", exact=True).fill(f"collect {DATASET}")
-            rows = page.locator("tr", has_text=name)
+            rows = page.locator("tr", has_text=COLLECTOR)
             rows.first.wait_for(timeout=120_000)
             page.screenshot(path=tmp_path / "actors.png", full_page=True)
             shown = [rows.nth(i).inner_text() for i in range(rows.count())]

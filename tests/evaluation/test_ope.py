@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 from common.errors import UserError
 from evaluation.config import EvaluateConfig, OPEConfig
-from evaluation.ope import ope
+from evaluation.ope import UNRELIABLE, ope
 from evaluation.references import reference_path
 from interop.config import ColumnMapping, ImportConfig
 from interop.importing import import_dataset
@@ -73,8 +73,9 @@ def test_ope_estimates_each_estimator_inside_its_interval_in_normalized_units(es
         assert output["episodes"]["estimated_on"] == output["episodes"]["total"] == 20  # no held-out split
         for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
             estimate = output["estimates"][name]
-            if estimate.get("status") == "unreliable":  # wpdis whose weights collapsed: no number
-                assert name == "wpdis" and estimate["effective_episodes"] < 10, (algo, estimate)
+            if estimate.get("status") == UNRELIABLE:  # wpdis whose weights collapsed: no number
+                assert name == "wpdis" and estimate["effective_episodes"] < OPEConfig().min_effective_episodes, (
+                    algo, estimate)
                 continue
             assert "value" in estimate, (algo, name, estimate)
             assert estimate["ci_low"] <= estimate["value"] <= estimate["ci_high"], (algo, name, estimate)
@@ -157,7 +158,7 @@ def test_importance_weights_that_leave_too_few_effective_episodes_give_unreliabl
     output = ope(project / "runs" / "bc", f"datasets/{DATASET}", project / "references", demanding,
                  EvaluateConfig(**params["evaluate"]))
     wpdis = output["estimates"]["wpdis"]
-    assert wpdis["status"] == "unreliable" and "value" not in wpdis and wpdis["effective_episodes"] <= 20
+    assert wpdis["status"] == UNRELIABLE and "value" not in wpdis and wpdis["effective_episodes"] <= 20
     assert wpdis["undefined"].startswith("its importance weights collapsed: ")
     assert "fewer than ope.min_effective_episodes (21)" in wpdis["undefined"]
     assert "value" in output["estimates"]["dr"]  # doubly robust falls back on FQE's values
