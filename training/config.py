@@ -328,6 +328,9 @@ class OnlinePolicyConfig:
     """Passes over each iteration's samples."""
     hidden_layers: list[int] = field(default_factory=lambda: [64, 64])
     """Sizes of the policy and value networks' hidden layers."""
+    conv_filters: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
+    """For image observations: the CNN encoder's layers, each [channels, kernel, stride], as the offline learners'
+    `conv_filters`; the default is the Nature DQN's, for 84x84 frames."""
     env_runners: int = 1
     """Ray actors sampling episodes (1 CPU each); the learner trains in the `orl` process. Raise on a cluster."""
     envs_per_env_runner: int = 4
@@ -343,3 +346,4 @@ class OnlinePolicyConfig:
         if not self.target_score < 100:
             raise ValueError(f"target_score must be below 100 (the expert), got {self.target_score}")
         require_layer_sizes(self.hidden_layers)
+        require_conv_filters(self.conv_filters)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import mlflow
 import numpy as np
 
@@ -21,6 +22,7 @@ from collectors.rollout import EpisodeRunner
 from common import plots
 from common.envs import EnvSpec, make_env
 from common.errors import UserError, refuse_to_overwrite
+from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 from common.run_dir import RunDir, write_csv, write_json
 from common.trained_policy import ModulePolicy
 from dataset_format import episode_stats
@@ -34,28 +36,43 @@ SCORE = "normalized_score"
 EPISODES_PER_ITERATION_MEAN = 100_000
 
 
-def rllib_env(env: EnvSpec) -> str:
-    """The name RLlib's env runners make the env by: a plain registered id as it is (gymnasium makes it, as it
-    always has for the suite's policies), any other spec through a creator registered with Ray Tune."""
-    if env.is_plain_id:
+def rllib_env(env: EnvSpec, observation_space: gym.Space) -> str:
+    """The name RLlib's env runners make the env by: a plain registered id of vector observations as it is
+    (gymnasium makes it, as it always has for the suite's policies), any other spec through a creator registered
+    with Ray Tune. Images and Discrete observations reach the network through `ModelInput`, as the offline
+    learners' batches do: channels-last frames in [0, 1], one-hot integers."""
+    mapped = is_mapped(observation_space)
+    if env.is_plain_id and not mapped:
         return env.id
     from ray.tune.registry import register_env
 
     name = f"orl:{env.label}"
-    register_env(name, lambda _: make_env(env))
+    register_env(name, lambda _: _as_network_sees_it(make_env(env)) if mapped else make_env(env))
     return name
 
 
-def ppo_config(config: OnlinePolicyConfig):
+def _as_network_sees_it(env: gym.Env) -> gym.Env:
+    model_input = ModelInput.of(env.observation_space)
+    return gym.wrappers.TransformObservation(env, lambda obs: model_input(np.asarray(obs)[None])[0],
+                                             model_space(env.observation_space))
+
+
+def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space):
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    model_config = {"fcnet_hiddens": list(config.hidden_layers)}
+    if is_image(observation_space):
+        model_config["conv_filters"] = config.conv_filters
+    if is_mapped(observation_space):
+        # The checkpoint keeps the map, so collect_from_policy's ModulePolicy feeds it the env's raw observations.
+        model_config[MODEL_INPUT_KEY] = dataclasses.asdict(ModelInput.of(observation_space))
     return (
         PPOConfig()
-        .environment(rllib_env(config.env))
+        .environment(rllib_env(config.env, observation_space))
         .env_runners(num_env_runners=config.env_runners, num_envs_per_env_runner=config.envs_per_env_runner)
         .training(lr=config.lr, train_batch_size_per_learner=config.batch_size,
                   minibatch_size=config.minibatch_size, num_epochs=config.epochs)
-        .rl_module(model_config={"fcnet_hiddens": list(config.hidden_layers)})
+        .rl_module(model_config=model_config)
         .reporting(metrics_num_episodes_for_smoothing=EPISODES_PER_ITERATION_MEAN)
         .debugging(seed=config.seed)
     )
@@ -69,7 +86,10 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     first."""
     run = RunDir(Path(out_dir))
     refuse_to_overwrite(run.checkpoint)
-    make_env(config.env).close()  # a bad spec or a missing extra (Box2D) fails here, not inside an env runner
+    probe = make_env(config.env)  # a bad spec or a missing extra (Box2D) fails here, not inside an env runner
+    observation_space = probe.observation_space
+    probe.close()
+    ModelInput.of(observation_space)  # an image whose channel axis is unclear, too
     reference = read_reference(references_dir, config.env.label, evaluate)
     if normalized_score(0.0, reference) is None:
         raise UserError(f"online_policies.{name}: its target is a normalized score, but "
@@ -80,7 +100,7 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         mlflow.log_params({"algo": "ppo", "name": name, **dataclasses.asdict(config), "env": config.env.label})
         mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env.label, "algo": "ppo",
                          "purpose": "behaviour policy"})
-        algorithm = ppo_config(config).build_algo()
+        algorithm = ppo_config(config, observation_space).build_algo()
         try:
             curve = _train_to_target(algorithm, name, config, reference, run.checkpoint)
             algorithm.save_to_path(run.checkpoint.resolve())

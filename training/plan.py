@@ -27,6 +27,8 @@ class TrainingPlan:
     run: RunDir
     """The run directory the training writes."""
     seed: int
+    """Seeds the network's initialisation and the order batches are drawn in (params.yaml's `train.seed`, or
+    `orl train --seed`)."""
 
     @property
     def label(self) -> str:

@@ -7,14 +7,18 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 import dataset_format as dataset
 from collectors.collect import collect
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.rollout import rollout_returns
+from common.observations import ModelInput
+from common.trained_policy import load_rl_module
 from common.errors import UserError
 from evaluation.config import EvaluateConfig
+from tests.conftest import REPO, USER_CODE, orl
 from training.config import OnlinePolicyConfig
 from training.online import latest_mean, train_online
 
@@ -92,3 +96,37 @@ def test_a_target_out_of_reach_fails_and_writes_nothing(ray_local, workdir):
     assert not (workdir / "runs" / "ppo").exists()
     [run] = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("CartPole-v1").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_ppo_learns_from_frames_and_collects_them_raw(tmp_path):
+    """A user's image env (uint8 frames, channels first as a frame stack is): PPO's CNN sees them as the offline
+    learners do, and its checkpoint collects the raw frames, as `dvc repro`'s stages run it."""
+    pixels = {"entry_point": "corridor_sim.env:PixelCorridorEnv", "kwargs": {"length": 6}, "max_episode_steps": 30,
+              "name": "PixelCorridor"}
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params.update(datasets={}, imports={}, train={**params["train"], "runs": {}},
+                  references={"PixelCorridor": {"ceiling": {"kind": "callable",
+                                                            "callable": "corridor_sim.control:walk_right"}}},
+                  online_policies={"pixel-ppo": {
+                      "env": pixels, "target_score": 60, "max_env_steps": 40_000, "seed": 0, "batch_size": 500,
+                      "minibatch_size": 100, "epochs": 5, "score_episodes": 20, "hidden_layers": [32],
+                      "conv_filters": [[8, 3, 2], [16, 3, 2]], "envs_per_env_runner": 2}},
+                  policy_datasets={"pixel-learned": {
+                      "env": pixels, "episodes": 20, "seed": 5,
+                      "policy": {"kind": "model", "model": "runs/ppo-pixel-ppo/checkpoint"}}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    user_shell = {"PYTHONPATH": str(USER_CODE), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    for command in (["reference"], ["train-online", "pixel-ppo"], ["collect", "pixel-learned"]):
+        result = orl(*command, cwd=tmp_path, env=user_shell, timeout=900)
+        assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"
+
+    assert json.loads((tmp_path / "runs" / "ppo-pixel-ppo" / "train_metrics.json").read_text())["normalized_score"] >= 60
+    # The CNN took channels-last frames in [0, 1], and the checkpoint says how to make them from the env's.
+    module = load_rl_module(tmp_path / "runs" / "ppo-pixel-ppo" / "checkpoint")
+    assert module.observation_space.shape == (8, 8, 2) and module.observation_space.high.max() == 1.0
+    assert ModelInput.of_module(module) == ModelInput((2, 8, 8), channels_first=True, scale=1 / 255)
+    card = dataset.validate(tmp_path / "datasets" / "pixel-learned")
+    observations, _ = card.spaces
+    assert observations.shape == (2, 8, 8) and observations.dtype == np.uint8  # stored as the env gives them
+    random_return = json.loads((tmp_path / "references" / "PixelCorridor.json").read_text())["random"]["mean"]
+    assert card.returns["mean"] > random_return + 10  # the policy walks right, as it learned to from the frames
