@@ -14,15 +14,21 @@ from evaluation import ope_validation
 from evaluation.references import no_score_reason, normalized_score, reference_path
 
 BEHAVIOUR = "behaviour policy"
+# The results table's place when no run was evaluated in an env (data without a simulator): the estimates remain.
+NO_EVALUATED_RUN = "No run was evaluated in an environment; see the off-policy estimates below."
 
 
 def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict, dict, list[str]]:
-    """Rows (one per evaluated run, plus one per dataset for its behaviour policy), curves, returns, and why the
-    runs that could not be evaluated were not."""
+    """Rows (one per evaluated run, plus one per dataset for its behaviour policy), the learning curves of every
+    trained run, returns, and why the runs that could not be evaluated were not."""
     rows, curves, returns, seen_datasets, not_evaluated = [], {}, {}, set(), []
     for path in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         run = RunDir(path)
-        if not (run.run_info.is_file() and run.eval_metrics.is_file()):
+        if not run.run_info.is_file():
+            continue
+        if run.learning_curve.is_file():
+            curves[path.name] = read_csv(run.learning_curve)
+        if not run.eval_metrics.is_file():
             continue
         info, metrics = run.info(), json.loads(run.eval_metrics.read_text())
         if "skipped" in metrics:
@@ -32,14 +38,10 @@ def collect_rows(runs_dir: Path, references_dir: Path) -> tuple[list[dict], dict
         rows.append({"env_id": info["env_id"], "dataset": info["dataset"], "algo": algo,
                      "return_mean": metrics["return_mean"], "return_std": metrics["return_std"],
                      "normalized_score": metrics.get("normalized_score"), "model": info["registered_model"]["uri"]})
-        curves[path.name] = read_csv(run.learning_curve)
         returns[path.name] = [r["return"] for r in read_csv(run.eval_returns)]
         if info["dataset"] not in seen_datasets:
             seen_datasets.add(info["dataset"])
             rows.append(_behaviour_row(info["dataset_path"], references_dir, info["env_id"]))
-    if not rows:
-        raise UserError(f"no evaluated runs under {runs_dir}; run `orl train` and `orl evaluate` first (runs on data "
-                        "without a simulator are not evaluated)")
     return rows, curves, returns, not_evaluated
 
 
@@ -105,12 +107,17 @@ def _cell(value: float | str | None, missing: str = "-") -> str:
 
 
 def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path) -> Path:
+    """The summary, scores and plots of every evaluated run, and the off-policy estimates of every estimated one:
+    on data without a simulator, the estimates are all there is."""
     out_dir = Path(out_dir)
     rows, curves, returns, not_evaluated = collect_rows(Path(runs_dir), Path(references_dir))
-    table = markdown_table(rows)
+    estimate_rows, points = off_policy_estimates(Path(runs_dir))
+    if not rows and not estimate_rows:
+        raise UserError(f"nothing to report under {runs_dir}: no run was evaluated or estimated; run `orl train`, "
+                        "then `orl evaluate` (or `orl ope` for data without a simulator)")
+    table = markdown_table(rows) if rows else NO_EVALUATED_RUN + "\n"
     if not_evaluated:
         table += "\nNot evaluated:\n\n" + "".join(f"- {line}\n" for line in not_evaluated)
-    estimate_rows, points = off_policy_estimates(Path(runs_dir))
     validation = ope_validation.validate(points)
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,9 +134,12 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
         plots.estimates_against_truth(points, out_dir / "ope.png")
     else:
         plots.message("no off-policy estimates of evaluated runs (orl ope)", out_dir / "ope.png")
-    plots.scores(rows, out_dir / "scores.png")
-    plots.return_distributions(returns, {}, out_dir / "returns.png")
+    if rows:
+        plots.scores(rows, out_dir / "scores.png")
+        plots.return_distributions(returns, {}, out_dir / "returns.png")
+    else:
+        for plot in ("scores.png", "returns.png"):
+            plots.message(NO_EVALUATED_RUN, out_dir / plot)
     plots.learning_curves(curves, CURVE_METRIC, out_dir / "learning_curves.png")
     print(table, file=sys.stderr)
     return summary
-

@@ -10,7 +10,7 @@ import pytest
 from common.errors import UserError
 from common.run_dir import RunDir, write_csv, write_json
 from dataset_format import read_card
-from evaluation.report import BEHAVIOUR, report
+from evaluation.report import BEHAVIOUR, NO_EVALUATED_RUN, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REFERENCE = {"env_id": "CartPole-v1", "seed": 1_000_000, "episodes": 20,
@@ -76,12 +76,34 @@ def test_report_writes_the_table_scores_and_plots(expert_dataset, references, tm
         assert f"({image})" in summary.read_text()
 
 
-def test_report_without_evaluated_runs_is_a_user_error(expert_dataset, references, tmp_path):
+def test_report_with_nothing_evaluated_or_estimated_is_a_user_error(expert_dataset, references, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
-    with pytest.raises(UserError, match=f"no evaluated runs under {re.escape(str(runs))}"):
+    with pytest.raises(UserError, match=f"nothing to report under {re.escape(str(runs))}"):
         report(runs, references, tmp_path / "reports")
     fake_run(runs, "bc-cartpole-expert", "bc", expert_dataset, [], evaluated=False)
-    with pytest.raises(UserError, match="run `orl train` and `orl evaluate` first"):
+    with pytest.raises(UserError, match=r"run `orl train`, then `orl evaluate` \(or `orl ope` for data without a"):
         report(runs, references, tmp_path / "reports")
     assert not (tmp_path / "reports").exists()
+
+
+def test_data_without_a_simulator_is_reported_by_its_estimates(expert_dataset, references, tmp_path):
+    """Runs that no env can evaluate (`orl evaluate` skips them) still have `orl ope`'s estimates, in returns."""
+    runs = tmp_path / "runs"
+    for algo, value in (("bc", 41.5), ("dqn", 57.25)):
+        run = fake_run(runs, f"{algo}-shop-log", algo, expert_dataset, [], evaluated=False)
+        write_json(run.eval_metrics, {"skipped": "dataset shop-log has no simulator to evaluate in"})
+        write_json(run.ope_metrics, {"dataset": "shop-log", "units": "return", "estimates": {
+            "fqe": {"value": value, "ci_low": value - 2, "ci_high": value + 2},
+            "wpdis": {"status": "unreliable", "effective_episodes": 1.5}}})
+
+    summary = report(runs, references, tmp_path / "reports").read_text()
+
+    assert NO_EVALUATED_RUN in summary and "| CartPole-v1 |" not in summary
+    assert "- bc-shop-log: dataset shop-log has no simulator to evaluate in" in summary
+    estimates = [line for line in summary.splitlines() if "-shop-log | shop-log |" in line]
+    assert estimates == ["| bc-shop-log | shop-log | - | 41.5 | unreliable |",
+                         "| dqn-shop-log | shop-log | - | 57.2 | unreliable |"]
+    assert json.loads((tmp_path / "reports" / "scores.json").read_text()) == {}
+    for image in ("scores.png", "returns.png", "learning_curves.png", "ope.png"):
+        assert (tmp_path / "reports" / image).read_bytes().startswith(PNG_MAGIC)

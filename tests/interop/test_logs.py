@@ -12,6 +12,7 @@ import yaml
 
 import dataset_format as dataset
 from common.errors import UserError
+from evaluation.report import NO_EVALUATED_RUN
 from interop.config import ColumnMapping, ImportConfig, SpaceConfig
 from interop.importing import import_dataset
 from tests.conftest import assert_user_error, orl
@@ -152,6 +153,15 @@ def test_a_log_without_a_simulator_trains_and_evaluation_says_why_it_skips(log_d
     skipped = json.loads((log_dir / "runs" / "bc-shop-log" / "eval.json").read_text())["skipped"]
     assert "dataset shop-log has no simulator" in skipped and skipped in result.stderr
     assert (log_dir / "runs" / "bc-shop-log" / "eval_returns.png").stat().st_size > 1000
+    # What the data says of the policy instead: its off-policy estimates, in returns, are what the report shows.
+    result = orl("ope", "runs/bc-shop-log", "--dataset", "datasets/shop-log", cwd=log_dir, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fqe = json.loads((log_dir / "runs" / "bc-shop-log" / "ope.json").read_text())["estimates"]["fqe"]["value"]
+    result = orl("report", cwd=log_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (log_dir / "reports" / "summary.md").read_text()
+    # No true score, and no importance sampling without the behaviour's probabilities: dr | fqe | wpdis.
+    assert NO_EVALUATED_RUN in summary and f"| bc-shop-log | shop-log | - | - | {fqe:.1f} | - |" in summary
 
 
 def test_a_bad_import_exits_2_with_one_line_and_writes_nothing(log_dir):
