@@ -138,13 +138,16 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
 
 
 def select(dataset_name: str, estimator: str) -> dict:
-    """Chooses, among the finished MLflow runs trained on the dataset, the one with the highest `ope/ESTIMATOR`,
-    and points the registry alias DATASET-ope-best at its model version (taking it from any other model)."""
+    """Chooses, among the finished MLflow runs trained on the dataset, the one whose `ope/ESTIMATOR` interval has the
+    highest lower bound (a policy is picked for what the data shows it surely does, not for an estimate it may
+    owe to noise), says whether its interval stands clear of the runner-up's, and points the registry alias
+    DATASET-ope-best at its model version (taking it from any other model)."""
     tracking.connect()
-    metric = f"ope/{estimator}"
+    metric, lower, upper = f"ope/{estimator}", f"ope/{estimator}_ci_low", f"ope/{estimator}_ci_high"
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
-    candidates = [r for r in runs if math.isfinite(r.data.metrics.get(metric, math.nan))]
+    candidates = [r for r in runs
+                  if all(math.isfinite(r.data.metrics.get(m, math.nan)) for m in (metric, lower, upper))]
     if not candidates:
         raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} "
                         f"(tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first")
@@ -153,20 +156,28 @@ def select(dataset_name: str, estimator: str) -> dict:
     candidates = [r for r in candidates if versions[r.info.run_id]]
     if not candidates:
         raise UserError(f"no run with {metric} on dataset '{dataset_name}' has a registered model version")
-    best = max(candidates, key=lambda r: r.data.metrics[metric])
+    ranked = sorted(candidates, key=lambda r: (-r.data.metrics[lower], -r.data.metrics[metric]))
+    best = ranked[0]
     chosen = versions[best.info.run_id][0]
     alias = f"{dataset_name}-ope-best"
     for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
         if alias in client.get_registered_model(name).aliases:
             client.delete_registered_model_alias(name, alias)
     client.set_registered_model_alias(chosen.name, alias, chosen.version)
-    for r in sorted(candidates, key=lambda r: -r.data.metrics[metric]):
-        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {r.data.metrics[metric]:.1f}"
+    for r in ranked:
+        m = r.data.metrics
+        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {m[metric]:.1f} [{m[lower]:.1f}, {m[upper]:.1f}]"
               + ("  <- chosen" if r is best else ""), file=sys.stderr)
+    runner_up = ranked[1] if len(ranked) > 1 else None
+    clear = runner_up is None or best.data.metrics[lower] > runner_up.data.metrics[upper]
+    confidence = ("the only candidate" if runner_up is None else
+                  f"its interval stands clear of the runner-up's ({runner_up.info.run_name})" if clear else
+                  f"its interval overlaps the runner-up's ({runner_up.info.run_name}): the data does not tell "
+                  "them apart")
     print(f"[select {dataset_name}] alias {alias} -> models:/{chosen.name}/{chosen.version} "
-          f"(run {best.info.run_name})", file=sys.stderr)
+          f"(run {best.info.run_name}, the highest lower bound; {confidence})", file=sys.stderr)
     return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id,
-            metric: best.data.metrics[metric]}
+            metric: best.data.metrics[metric], lower: best.data.metrics[lower], "clear_of_runner_up": clear}
 
 
 def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, location: dataset.Location) -> None:

@@ -91,11 +91,16 @@ def test_ope_logs_its_estimates_to_the_run(project, estimated):
         assert run.data.tags["ope.dataset"] == DATASET
 
 
-def test_select_points_the_alias_at_the_run_with_the_best_estimate(project, estimated):
-    best = max(estimated, key=lambda algo: estimated[algo]["estimates"]["dr"]["value"])
+def test_select_points_the_alias_at_the_run_with_the_highest_lower_bound(project, estimated):
+    dr = {algo: output["estimates"]["dr"] for algo, output in estimated.items()}
+    best, runner_up = sorted(dr, key=lambda algo: -dr[algo]["ci_low"])
     result = orl("select", "--dataset", DATASET, "--by", "dr", cwd=project)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"{DATASET}-ope-best -> models:/CartPole-v1-{best}/1" in result.stderr
+    assert f"{DATASET}-ope-best -> models:/CartPole-v1-{best}/1 (run {best}-{DATASET}, the highest lower bound; " in (
+        result.stderr)
+    # How sure the pick is: whether its interval stands clear of the runner-up's.
+    clear = dr[best]["ci_low"] > dr[runner_up]["ci_high"]
+    assert ("stands clear of the runner-up's" if clear else "overlaps the runner-up's") in result.stderr
     version = tracking(project).get_model_version_by_alias(f"CartPole-v1-{best}", f"{DATASET}-ope-best")
     assert version.run_id == json.loads((project / "runs" / best / "run.json").read_text())["mlflow_run_id"]
 
