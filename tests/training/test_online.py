@@ -120,7 +120,8 @@ def test_ppo_learns_from_frames_and_collects_them_raw(tmp_path):
         result = orl(*command, cwd=tmp_path, env=user_shell, timeout=900)
         assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"
 
-    assert json.loads((tmp_path / "runs" / "ppo-pixel-ppo" / "train_metrics.json").read_text())["normalized_score"] >= 60
+    metrics = json.loads((tmp_path / "runs" / "ppo-pixel-ppo" / "train_metrics.json").read_text())
+    assert metrics["normalized_score"] >= 60
     # The CNN took channels-last frames in [0, 1], and the checkpoint says how to make them from the env's.
     module = load_rl_module(tmp_path / "runs" / "ppo-pixel-ppo" / "checkpoint")
     assert module.observation_space.shape == (8, 8, 2) and module.observation_space.high.max() == 1.0
