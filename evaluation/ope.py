@@ -33,6 +33,13 @@ POLICY_CHUNK = 65_536
 
 # Why an estimate that applies gave no number: the report's cell for it.
 DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range", "unreliable"
+# An estimate's value and interval, as ope.json holds them; the MLflow metrics `mlflow_metrics` names carry them.
+ESTIMATE_KEYS = ("value", "ci_low", "ci_high")
+
+
+def mlflow_metrics(estimator: str) -> tuple[str, str, str]:
+    """The training run's metrics of an estimator's value, and of its interval's low and high ends."""
+    return f"ope/{estimator}", f"ope/{estimator}_ci_low", f"ope/{estimator}_ci_high"
 
 
 def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, config: OPEConfig,
@@ -69,9 +76,9 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                     if estimators is None or name in estimators})
     write_json(run.ope_metrics, output)
     with mlflow.start_run(run_id=info["mlflow_run_id"]):
-        mlflow.log_metrics({f"ope/{name}{suffix}": r.get(key, math.nan) for name, r in results.items()
+        mlflow.log_metrics({metric: r.get(key, math.nan) for name, r in results.items()
                             if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
-                            for suffix, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))}
+                            for metric, key in zip(mlflow_metrics(name), ESTIMATE_KEYS)}
                            | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {}))
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
                          **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
@@ -143,7 +150,7 @@ def select(dataset_name: str, estimator: str) -> dict:
     owe to noise), says whether its interval stands clear of the runner-up's, and points the registry alias
     DATASET-ope-best at its model version (taking it from any other model)."""
     tracking.connect()
-    metric, lower, upper = f"ope/{estimator}", f"ope/{estimator}_ci_low", f"ope/{estimator}_ci_high"
+    metric, lower, upper = mlflow_metrics(estimator)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
     candidates = [r for r in runs
