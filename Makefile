@@ -14,9 +14,10 @@ $(INSTALLED): pyproject.toml requirements.lock
 
 setup: $(INSTALLED)
 
-# The quick tour of the pipeline: local Ray, SQLite MLflow store (mlflow.db), local DVC cache.
+# The quick tour of the pipeline: local Ray, SQLite MLflow store (mlflow.db), local DVC cache. `orl repro` is
+# `dvc repro` with every stage on one Ray, started once.
 pipeline: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" orl repro
 
 # The full suite, as CI runs it.
 test: setup
@@ -47,4 +48,4 @@ quality-table: setup $(D3RLPY_VENV)/.installed
 # benchmarks/suite/ (the root's stages, its own params.yaml and outputs), so the quick tour's `dvc status` never lists it.
 .PHONY: suite
 suite: setup
-	cd benchmarks/suite && PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+	cd benchmarks/suite && PATH="$(CURDIR)/$(BIN):$$PATH" orl repro

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from common.companion import start_companion
+from common.errors import UserError
 
 # Notices that Ray and RLlib print on every healthy run, about their own defaults rather than about the run:
 # (logger, start of the message, why it says nothing to an `orl` user). Anything else still prints.
@@ -61,12 +63,31 @@ def start_ray(num_cpus: int) -> None:
     quiet_library_notices()
     settings = {"include_dashboard": False, "logging_level": logging.WARNING,
                 "runtime_env": {"worker_process_setup_hook": quiet_library_notices}}
-    on_cluster = bool(os.environ.get("RAY_ADDRESS"))
+    address = os.environ.get("RAY_ADDRESS")
+    on_cluster = bool(address)
     if on_cluster:
-        ray.init(address=os.environ["RAY_ADDRESS"], **settings)
+        _check_answers(address)
+        try:
+            ray.init(address=address, **settings)
+        except ConnectionError as err:
+            raise UserError(f"RAY_ADDRESS={address}: {err}; check the address and that its RAY_AUTH_MODE is "
+                            "yours, or unset RAY_ADDRESS for a local Ray") from None
     else:
         ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
     # After ray.init, so Ray's own processes keep the real stderr; a killed `orl` leaves none of its local Ray's.
     start_companion(reap_local_ray=not on_cluster)
     DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def _check_answers(address: str) -> None:
+    """Fails at once, in one line, where RAY_ADDRESS is a HOST:PORT nothing listens on: Ray itself retries for
+    minutes before it gives up."""
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit():
+        return  # "auto", ray://, ...: Ray's own check
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise UserError(f"RAY_ADDRESS={address}: no Ray cluster answers there ({err.strerror or err}); start one "
+                        "(`ray start --head`) or unset RAY_ADDRESS for a local Ray") from None

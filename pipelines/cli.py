@@ -3,7 +3,7 @@
 Each subcommand parses params.yaml once, starts Ray where it needs it, and calls one function that does the
 work (collectors.collect.collect, training.train.train, training.online.train_online, evaluation.evaluate.*,
 evaluation.ope.*, evaluation.report.report, dataset_format for `orl datasets`, interop for
-`orl datasets import|export`).
+`orl datasets import|export`). `orl repro` runs `dvc repro` with every stage on one Ray.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,11 +148,27 @@ def cmd_datasets_export(args, params: None) -> None:
     export_minari(args.path, args.id)
 
 
+def cmd_repro(args, params: Params) -> None:
+    import ray
+
+    start_ray(params.ray.num_cpus)  # the cluster of RAY_ADDRESS, checked before any stage runs; or a local Ray
+    # Every stage's `orl` connects to it instead of starting and stopping a Ray of its own (seconds per stage).
+    address = os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
+    dvc = subprocess.run([sys.executable, "-m", "dvc", "repro", *args.dvc_args],
+                         env={**os.environ, "RAY_ADDRESS": address})
+    if dvc.returncode:
+        sys.exit(dvc.returncode)  # DVC said what failed
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="orl", description="Offline RL pipeline: collect, train, evaluate, report.")
     top.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     top.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("repro", help="dvc repro, every stage on one Ray (RAY_ADDRESS's cluster or one started here)")
+    p.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed on to dvc repro (targets, --force, ...)")
+    p.set_defaults(handler=cmd_repro)
 
     p = sub.add_parser("collect", help="collect one dataset named in params.yaml")
     p.add_argument("name", help="key under `datasets` or `policy_datasets` in params.yaml")
