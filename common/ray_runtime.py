@@ -61,10 +61,14 @@ def start_ray(num_cpus: int) -> None:
     from ray.data import DataContext
 
     quiet_library_notices()
-    settings = {"include_dashboard": False, "logging_level": logging.WARNING,
-                "runtime_env": {"worker_process_setup_hook": quiet_library_notices}}
     address = os.environ.get("RAY_ADDRESS")
     on_cluster = bool(address)
+    runtime_env = {"worker_process_setup_hook": quiet_library_notices}
+    if on_cluster and os.environ.get("PYTHONPATH"):
+        # A local Ray's workers inherit this process's environment, a cluster's their node's: the user's packages
+        # on PYTHONPATH (their envs, controllers) go with the job.
+        runtime_env["env_vars"] = {"PYTHONPATH": os.environ["PYTHONPATH"]}
+    settings = {"include_dashboard": False, "logging_level": logging.WARNING, "runtime_env": runtime_env}
     if on_cluster:
         _check_answers(address)
         try:

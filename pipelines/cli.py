@@ -69,8 +69,6 @@ def _start_episode_runners(params: Params) -> None:
     """Ray for the evaluation episodes' actors; none where `evaluate.num_workers` is 0 (they run in this process)."""
     if params.evaluate.num_workers:
         start_ray(params.ray.num_cpus)
-    else:
-        quiet_library_notices()
 
 
 def cmd_reference(args, params: Params) -> None:
@@ -90,7 +88,6 @@ def cmd_evaluate(args, params: Params) -> None:
 def cmd_ope(args, params: Params) -> None:
     from evaluation.ope import ope
 
-    quiet_library_notices()  # RLlib's, on loading the policy; no Ray is started
     ope(args.run_dir, args.dataset, args.references, params.ope, params.evaluate, args.estimators)
 
 
@@ -154,7 +151,7 @@ def cmd_repro(args, params: Params) -> None:
     start_ray(params.ray.num_cpus)  # the cluster of RAY_ADDRESS, checked before any stage runs; or a local Ray
     # Every stage's `orl` connects to it instead of starting and stopping a Ray of its own (seconds per stage).
     address = os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
-    dvc = subprocess.run([sys.executable, "-m", "dvc", "repro", *args.dvc_args],
+    dvc = subprocess.run([sys.executable, "-m", "dvc", "repro", *args.targets, *args.dvc_flags],
                          env={**os.environ, "RAY_ADDRESS": address})
     if dvc.returncode:
         sys.exit(dvc.returncode)  # DVC said what failed
@@ -167,7 +164,8 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repro", help="dvc repro, every stage on one Ray (RAY_ADDRESS's cluster or one started here)")
-    p.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed on to dvc repro (targets, --force, ...)")
+    p.add_argument("targets", nargs="*", help="stages to reproduce; these and dvc repro's flags (-f, -s, ...) are "
+                   "passed on to it")
     p.set_defaults(handler=cmd_repro)
 
     p = sub.add_parser("collect", help="collect one dataset named in params.yaml")
@@ -243,7 +241,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ask_for_token_auth()
-    args = parser().parse_args(argv)
+    quiet_library_notices()  # also those of checks before Ray starts (RLlib's, on loading a behaviour policy)
+    args, unknown = parser().parse_known_args(argv)
+    if unknown and args.command != "repro":  # every `dvc repro` option is a flag: they pass on whatever their order
+        parser().error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.dvc_flags = unknown
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -73,13 +73,19 @@ os.environ.update(S3_ENV)
 TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.001)
 
 
-@pytest.fixture(scope="session")
-def ray_local():
+def session_ray() -> str:
+    """The address of this test session's local Ray (2 CPUs), started on first use; Ray shuts it down at exit.
+    In-process tests run on it, and the `orl` processes of `orl()` connect to it, as `orl repro`'s stages do."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    return ray.get_runtime_context().gcs_address
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> str:
+    return session_ray()
 
 
 @pytest.fixture(scope="session")
@@ -151,9 +157,13 @@ def copy_dataset(src: Path, dst: Path) -> Path:
 
 
 def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs the real `orl` command in a subprocess."""
+    """Runs the real `orl` command in a subprocess, on the session's Ray unless `env` names a RAY_ADDRESS ("" for a
+    Ray of its own): a Ray started and stopped by each command would cost seconds each."""
+    env = {**os.environ, **(env or {})}
+    if "RAY_ADDRESS" not in env:
+        env["RAY_ADDRESS"] = session_ray()
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+                          env=env, timeout=timeout)
 
 
 def assert_minari_round_trip(workdir: Path, name: str, env, tmp_path: Path) -> None:
@@ -267,5 +277,7 @@ def mlflow_server(tmp_path_factory, s3_server):
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1],
                "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/mlartifacts"]
-    with served(command, f"{uri}/health", root / "server.log", env={"MLFLOW_S3_ENDPOINT_URL": s3_server}):
+    # Without the GenAI job runner: nine more processes that tracking never uses.
+    env = {"MLFLOW_S3_ENDPOINT_URL": s3_server, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with served(command, f"{uri}/health", root / "server.log", env=env):
         yield uri

@@ -1,4 +1,5 @@
-"""The real `dvc repro` in a temporary git + DVC repo with tiny params: end to end, then a no-op."""
+"""The real `dvc repro` in a temporary git + DVC repo with tiny params: end to end through `orl repro` (as `make
+pipeline` runs it, every stage on one Ray), then a no-op `dvc repro`."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def repo(tmp_path_factory) -> Path:
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
-    run(["dvc", "repro"], root)
+    run(["orl", "repro"], root)
     return root
 
 

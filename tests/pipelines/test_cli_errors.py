@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from common.envs import env_spaces
+from common.loopback_cluster import free_port
 from dataset_format import space_to_dict
 from tests.conftest import CORRIDOR, REPO, USER_CODE, assert_user_error, orl
 
@@ -27,6 +28,14 @@ def test_missing_dataset_path(workdir):
 def test_unknown_algorithm(workdir, expert_dataset):
     result = orl("train", "--algo", "ppo", "--dataset", str(expert_dataset), cwd=workdir)
     assert_user_error(result, "unknown algorithm 'ppo'", "bc, marwil")
+
+
+def test_a_ray_address_where_no_cluster_answers(workdir):
+    address = f"127.0.0.1:{free_port()}"
+    for command in (["collect", "cartpole-expert"], ["repro"]):
+        result = orl(*command, cwd=workdir, env={"RAY_ADDRESS": address})
+        assert_user_error(result, f"RAY_ADDRESS={address}: no Ray cluster answers there", "ray start --head")
+    assert not (workdir / "datasets").exists()
 
 
 def test_unknown_dataset_name(workdir):
