@@ -46,7 +46,7 @@ def project(tmp_path_factory) -> Path:
     params["collect"].update(num_collectors=2, envs_per_collector=2, episodes_per_task=10)
     params["datasets"][DATASET] = {"env": "CartPole-v1", "episodes": 40, "seed": 11, "policy": CARTPOLE_CONTROLLER}
     (directory / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    result = orl("collect", DATASET, "--out", "local", cwd=directory)
+    result = orl("collect", DATASET, "--out", "local", cwd=directory, env={"RAY_ADDRESS": ""})  # a Ray of its own
     assert result.returncode == 0, result.stderr[-3000:]
     return directory
 
