@@ -242,10 +242,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ask_for_token_auth()
     quiet_library_notices()  # also those of checks before Ray starts (RLlib's, on loading a behaviour policy)
-    args, unknown = parser().parse_known_args(argv)
-    if unknown and args.command != "repro":  # every `dvc repro` option is a flag: they pass on whatever their order
-        parser().error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.dvc_flags = unknown
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if args.command == "repro":
+        args.dvc_flags = unknown  # every `dvc repro` option is a flag: they pass on whatever their order
+    elif unknown:
+        top.error(f"unrecognized arguments: {' '.join(unknown)}")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
