@@ -159,9 +159,10 @@ def copy_dataset(src: Path, dst: Path) -> Path:
 def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Runs the real `orl` command in a subprocess, on the session's Ray unless `env` names a RAY_ADDRESS ("" for a
     Ray of its own): a Ray started and stopped by each command would cost seconds each."""
+    if "RAY_ADDRESS" not in (env or {}) and "RAY_ADDRESS" not in os.environ:
+        # Before the copy of os.environ: the first start sets RAY_AUTH_MODE here, which the command needs to join.
+        env = {**(env or {}), "RAY_ADDRESS": session_ray()}
     env = {**os.environ, **(env or {})}
-    if "RAY_ADDRESS" not in env:
-        env["RAY_ADDRESS"] = session_ray()
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=timeout)
 
