@@ -1,5 +1,7 @@
 """The real `dvc repro` in a temporary git + DVC repo with tiny params: end to end through `orl repro` (as `make
-pipeline` runs it, every stage on one Ray), then a no-op `dvc repro`."""
+pipeline` runs it, every stage on one Ray), then a no-op `dvc repro`. Beside CartPole, a user's own environment as a
+new user brings it: a class the pipeline has never seen, in their package on PYTHONPATH (tests/fixtures/user_code),
+their controller as the behaviour policy and declared references; its dataset exports to Minari and imports back."""
 
 from __future__ import annotations
 
@@ -15,28 +17,41 @@ import pytest
 import yaml
 
 import dataset_format as dataset
-from tests.conftest import CARTPOLE_CONTROLLER, copy_pipeline
+from dataset_format import Col
+from tests.conftest import CARTPOLE_CONTROLLER, CORRIDOR, USER_CODE, copy_pipeline
 
 pytestmark = pytest.mark.slow  # the real `dvc repro` of a whole pipeline
 
+WALK_RIGHT = {"kind": "callable", "callable": "corridor_sim.control:walk_right"}
 
-def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("MLFLOW_TRACKING_URI", None)  # the default: sqlite:///mlflow.db in the repo
+
+def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """A copy of the project with small datasets, trained on the expert data only."""
+def user_env(tmp_path_factory) -> dict:
+    """The environment a user's shell has: our `orl` on PATH, their package on PYTHONPATH, their Minari store."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(USER_CODE), "MINARI_DATASETS_PATH": str(tmp_path_factory.mktemp("minari"))}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the default: sqlite:///mlflow.db in the repo
+    return env
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, user_env) -> Path:
+    """A copy of the project with small datasets, trained on the expert data and on the user's env."""
     root = tmp_path_factory.mktemp("repo")
     params = copy_pipeline(root)
     params["datasets"] = {
         "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
         "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": CARTPOLE_CONTROLLER},
+        "corridor-mixed": {"env": CORRIDOR.to_dict(), "episodes": 60, "seed": 0,
+                           "policy": {"kind": "mixture", "epsilon": 0.3, "base": WALK_RIGHT}},
     }
+    params["references"]["Corridor"] = {"ceiling": WALK_RIGHT}
     # Collected with the DQN the pipeline trains on the expert data: DVC must order train -> collect.
     params["policy_datasets"] = {"cartpole-learned": {
         "env": "CartPole-v1", "episodes": 10, "seed": 5,
@@ -60,13 +75,14 @@ def repo(tmp_path_factory) -> Path:
     # dqn: the evaluation and report of a Q-learner
     params["train"]["runs"] = {f"{algo}-cartpole-expert": {"algo": algo, "dataset": "cartpole-expert"}
                                for algo in ("bc", "dqn")}
+    params["train"]["runs"]["bc-corridor-mixed"] = {"algo": "bc", "dataset": "corridor-mixed"}
     params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
     params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(["git", "init", "-q"], root)
-    run(["dvc", "init", "-q"], root)
-    run(["orl", "repro"], root)
+    run(["git", "init", "-q"], root, user_env)
+    run(["dvc", "init", "-q"], root, user_env)
+    run(["orl", "repro"], root, user_env)
     return root
 
 
@@ -82,7 +98,7 @@ def write_shop_log(path: Path) -> None:
 
 def test_repro_produces_datasets_runs_and_report(repo):
     assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {
-        "cartpole-random", "cartpole-expert", "cartpole-learned", "cartpole-ppo", "shop-log"}
+        "cartpole-random", "cartpole-expert", "corridor-mixed", "cartpole-learned", "cartpole-ppo", "shop-log"}
     shop = dataset.validate(repo / "datasets" / "shop-log")
     assert shop.env_id is None and shop.episodes == 6 and shop.source["path"] == "logs/shop.csv"
     summary = (repo / "reports" / "summary.md").read_text()
@@ -112,7 +128,8 @@ def test_ope_estimates_every_run_and_the_report_sets_them_against_the_true_score
         assert ope["episodes"]["estimated_on"] == ope["episodes"]["total"] > 0  # no held-out split by default
         assert {"fqe", "wpdis", "dr"} <= set(ope["estimates"])  # their values: tests/evaluation/test_ope.py
     summary = (repo / "reports" / "summary.md").read_text()
-    assert "## Off-policy estimates" in summary and "| **fqe** | **pooled** (regret: median) | 2 |" in summary
+    # Pooled over the three offline runs, the user's env's included.
+    assert "## Off-policy estimates" in summary and "| **fqe** | **pooled** (regret: median) | 3 |" in summary
     # Validated: the estimators that gave numbers (wpdis is "unreliable" where greedy policies collapse its weights).
     assert {"fqe", "dr"} <= set(json.loads((repo / "reports" / "ope.json").read_text())) <= {"fqe", "wpdis", "dr"}
     assert (repo / "reports" / "ope.png").stat().st_size > 1000
@@ -140,9 +157,53 @@ def test_runs_are_in_the_default_sqlite_store(repo):
     assert str(client.get_model_version_by_alias("CartPole-v1-bc", "cartpole-expert").version) == "1"
 
 
-def test_second_repro_does_nothing_and_metrics_show(repo):
-    result = run(["dvc", "repro"], repo)
+def test_the_users_env_is_collected_with_their_controller_and_recorded_in_the_card(repo):
+    card = dataset.validate(repo / "datasets" / "corridor-mixed")
+    assert card.env_id == "Corridor" and card.env_spec == CORRIDOR.to_dict()
+    assert card.behavior_policy["base"]["callable"] == "corridor_sim.control:walk_right"
+    assert card.has_action_logp  # a deterministic controller, mixed: its log-probabilities are known
+    arrays = dataset.load_arrays(repo / "datasets" / "corridor-mixed")
+    assert np.mean(arrays[Col.ACTIONS] == 2) > 0.7  # mostly the controller's "right"
+    reference = json.loads((repo / "references" / "Corridor.json").read_text())
+    assert reference["expert"]["mean"] > reference["random"]["mean"]
+
+
+def test_bc_on_the_users_env_is_evaluated_and_estimated_in_normalized_units(repo):
+    metrics = json.loads((repo / "runs" / "bc-corridor-mixed" / "eval.json").read_text())
+    assert metrics["normalized_score"] >= 80, metrics
+    assert "| Corridor | corridor-mixed | bc |" in (repo / "reports" / "summary.md").read_text()
+    ope = json.loads((repo / "runs" / "bc-corridor-mixed" / "ope.json").read_text())
+    assert ope["units"] == "normalized score" and ope["horizon"] == 30
+    assert {"fqe", "wpdis", "dr"} <= set(ope["estimates"])
+
+
+def test_mlflow_names_the_experiment_and_models_after_the_users_spec(repo):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("Corridor")
+    assert [r.data.params["algo"] for r in client.search_runs([experiment.experiment_id])] == ["bc"]
+    assert client.get_registered_model("Corridor-bc") is not None
+
+
+def test_the_users_dataset_exports_to_minari_and_imports_back_with_the_same_rows(repo, user_env, tmp_path):
+    run(["orl", "datasets", "export", "datasets/corridor-mixed", "--to", "minari", "--id", "user/corridor-mixed-v0"],
+        repo, user_env)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["imports"] = {"corridor-back": {"format": "minari", "source": "user/corridor-mixed-v0",
+                                           "env": CORRIDOR.to_dict()}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))  # the repo's own stays as it is
+    run(["orl", "--params", str(tmp_path / "params.yaml"), "datasets", "import", "corridor-back", "--out",
+         str(tmp_path / "back")], repo, user_env)
+    original, back = dataset.load_table(repo / "datasets" / "corridor-mixed"), dataset.load_table(tmp_path / "back")
+    columns = [c for c in original.column_names if c != Col.ACTION_LOGP]  # Minari keeps no log-probabilities
+    assert back.select(columns).equals(original.select(columns))
+    assert dataset.read_card(tmp_path / "back").env_spec == CORRIDOR.to_dict()
+
+
+def test_second_repro_does_nothing_and_metrics_show(repo, user_env):
+    result = run(["dvc", "repro"], repo, user_env)
     assert "Data and pipelines are up to date." in result.stdout
     assert "Running stage" not in result.stdout
-    shown = run(["dvc", "metrics", "show", "--json"], repo)
+    shown = run(["dvc", "metrics", "show", "--json"], repo, user_env)
     assert "normalized_score" in shown.stdout

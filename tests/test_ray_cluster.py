@@ -22,7 +22,8 @@ from tests.conftest import CARTPOLE_CONTROLLER, REPO, orl
 
 pytestmark = pytest.mark.slow  # a two-node Ray cluster
 
-DATASET = "cluster-expert"
+DATASET, EPISODES = "cluster-expert", 200  # 8 tasks of 25: work for both nodes, and a collection to kill midway
+EVAL_EPISODES = 8
 # Tracebacks, C++ check failures and error-level log lines that a healthy run must not print.
 FAILURE_SIGNS = re.compile(r"Traceback|Check failed|core_worker|ERROR|Error:|GeneratorExit|not initialized")
 
@@ -34,7 +35,7 @@ def write_params(directory: Path, episodes: int, **bc) -> Path:
     params["collect"].update(num_collectors=2, envs_per_collector=4, episodes_per_task=25)
     params["datasets"][DATASET] = {"env": "CartPole-v1", "episodes": episodes, "seed": 7, "policy": CARTPOLE_CONTROLLER}
     params["algos"]["bc"].update(num_learners=2, **bc)
-    params["evaluate"].update(episodes=20, num_workers=2)
+    params["evaluate"].update(episodes=EVAL_EPISODES, num_workers=2)
     path = directory / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
@@ -67,7 +68,7 @@ def cluster(tmp_path_factory):
 def project(tmp_path_factory) -> Path:
     """A working directory with the params, and the dataset collected on one local Ray node."""
     directory = tmp_path_factory.mktemp("project")
-    write_params(directory, episodes=400, iterations=4)
+    write_params(directory, episodes=EPISODES, iterations=4)
     result = orl("collect", DATASET, "--out", "one-node", cwd=directory)
     assert result.returncode == 0, result.stderr[-3000:]
     return directory
@@ -79,7 +80,7 @@ def test_collect_places_collectors_on_both_nodes_and_writes_the_one_node_bytes(c
     assert not FAILURE_SIGNS.search(result.stderr), result.stderr[-3000:]
     placed = nodes_named(result.stderr, f"collect {DATASET}")
     assert set(placed) == {cluster.head.node_id[:8], cluster.workers[0].node_id[:8]}
-    assert sum(placed.values()) == 400
+    assert sum(placed.values()) == EPISODES
     assert files_of(project / "two-nodes") == files_of(project / "one-node")
 
 
@@ -91,7 +92,8 @@ def test_collect_finishes_on_the_remaining_node_when_a_node_is_lost(cluster, pro
                                   cwd=project, stderr=stderr, env={**os.environ, **cluster.env})
     try:
         # Killed once both nodes have run tasks and most of the work is still to do.
-        wait_for(lambda: re.search(r"\] ([1-9]\d*)/400 episodes", open(stderr.name).read()), 120, "collection")
+        started = rf"\] ([1-9]\d*)/{EPISODES} episodes"
+        wait_for(lambda: re.search(started, open(stderr.name).read()), 120, "collection")
         cluster.kill_node(doomed)
         assert collecting.wait(timeout=300) == 0, open(stderr.name).read()[-3000:]
     finally:
@@ -99,8 +101,8 @@ def test_collect_finishes_on_the_remaining_node_when_a_node_is_lost(cluster, pro
         cluster.add_worker()  # the cluster is whole again for the next tests
     log = open(stderr.name).read()
     # Tasks lost with the node ran again on the head, and counted once.
-    assert [int(done) for done in re.findall(r"\] (\d+)/400 episodes", log)][-1] == 400
-    assert max(int(done) for done in re.findall(r"\] (\d+)/400 episodes", log)) == 400
+    assert [int(done) for done in re.findall(rf"\] (\d+)/{EPISODES} episodes", log)][-1] == EPISODES
+    assert max(int(done) for done in re.findall(rf"\] (\d+)/{EPISODES} episodes", log)) == EPISODES
     assert files_of(out) == files_of(project / "one-node")
 
 
@@ -129,7 +131,7 @@ def test_evaluate_spreads_its_episodes_over_the_nodes(cluster, project, trained)
         assert result.returncode == 0, result.stderr[-3000:]
     run = json.loads((project / "runs/bc/run.json").read_text())
     placed = json.loads(tracking(project).get_run(run["mlflow_run_id"]).data.tags["eval.episodes_by_ray_node"])
-    assert set(placed) == {cluster.head.node_id, cluster.workers[-1].node_id} and sum(placed.values()) == 20
+    assert set(placed) == {cluster.head.node_id, cluster.workers[-1].node_id} and sum(placed.values()) == EVAL_EPISODES
 
 
 def test_training_that_loses_a_learner_node_fails_in_one_line_and_resumes(cluster, project, tmp_path):
@@ -137,7 +139,7 @@ def test_training_that_loses_a_learner_node_fails_in_one_line_and_resumes(cluste
     model registered; the same command on the mended cluster resumes from the last saved iteration and finishes."""
     work = tmp_path / "work"
     work.mkdir()
-    write_params(work, episodes=400, iterations=60, updates_per_iteration=5)
+    write_params(work, episodes=EPISODES, iterations=60, updates_per_iteration=5)
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["train"]["checkpoint_every"] = 5
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -128,6 +128,7 @@ def write_params(directory, imports: dict) -> None:
     (directory / "params.yaml").write_text(yaml.safe_dump({
         "datasets": {}, "imports": imports, "algos": {"bc": tiny}, "train": {"checkpoint_every": 10},
         "evaluate": {"episodes": 2, "num_workers": 1},
+        "ope": {"hidden_layers": [32, 32], "iterations": 5, "updates_per_iteration": 10, "bootstrap_samples": 30},
     }))
 
 
