@@ -35,6 +35,9 @@ POLICY_CHUNK = 65_536
 DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range", "unreliable"
 # An estimate's value and interval, as ope.json holds them; the MLflow metrics `mlflow_metrics` names carry them.
 ESTIMATE_KEYS = ("value", "ci_low", "ci_high")
+# The behaviour policy's value: the mean logged return of the episodes estimated on, with its bootstrap interval, in
+# the estimates' units (`ope/behaviour` in MLflow). `orl select` picks no run that the data cannot tell from it.
+BEHAVIOUR = "behaviour"
 
 
 def mlflow_metrics(estimator: str) -> tuple[str, str, str]:
@@ -79,11 +82,14 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
         mlflow.log_metrics({metric: r.get(key, math.nan) for name, r in results.items()
                             if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
                             for metric, key in zip(mlflow_metrics(name), ESTIMATE_KEYS)}
-                           | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {}))
+                           | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {})
+                           | {metric: output[BEHAVIOUR][key]
+                              for metric, key in zip(mlflow_metrics(BEHAVIOUR), ESTIMATE_KEYS) if BEHAVIOUR in output})
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
                          **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
         mlflow.log_artifact(str(run.ope_metrics), "ope")
-    for name, r in results.items():
+    behaviour = {f"{BEHAVIOUR} policy": output[BEHAVIOUR]} if BEHAVIOUR in output else {}
+    for name, r in (results | behaviour).items():
         line = (f"{r['value']:.1f} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] {output['units']}" if "value" in r
                 else r["undefined"])
         print(f"[ope {run.path.name}] {name}: {line}", file=sys.stderr)
@@ -130,6 +136,9 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                   f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")
         results.update({name: {"undefined": reason, "status": DID_NOT_CONVERGE, "td_loss": q.fit.td_loss}
                         for name in (FQE, DR) if name in results})
+    logged = held_out.returns_to_go(config.gamma)[held_out.starts]  # each episode's return under the behaviour
+    behaviour = _estimate(float(logged.mean()), lambda sample: float(logged[sample].mean()), len(held_out), config,
+                          reference, (float(logged.min()), float(logged.max())))
     same = fit is held_out
     return {
         "dataset": card.name, "units": "normalized score" if reference else "return", "horizon": horizon,
@@ -140,6 +149,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
         "fqe_fit": {"td_loss_start": q.fit.td_loss_start, "td_loss": q.fit.td_loss,
                     "td_loss_limit": q.fit.td_loss_limit, "converged": q.fit.converged},
         "returns_allowed": list(allowed),
+        BEHAVIOUR: behaviour,
         "estimates": results,
     }
 
@@ -148,7 +158,8 @@ def select(dataset_name: str, estimator: str) -> dict:
     """Chooses, among the finished MLflow runs trained on the dataset, the one whose `ope/ESTIMATOR` interval has the
     highest lower bound (a policy is picked for what the data shows it surely does, not for an estimate it may
     owe to noise), says whether its interval stands clear of the runner-up's, and points the registry alias
-    DATASET-ope-best at its model version (taking it from any other model)."""
+    DATASET-ope-best at its model version (taking it from any other model). Refuses, setting nothing, where that
+    lower bound does not stand above the behaviour policy's interval."""
     tracking.connect()
     metric, lower, upper = mlflow_metrics(estimator)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
@@ -165,16 +176,17 @@ def select(dataset_name: str, estimator: str) -> dict:
         raise UserError(f"no run with {metric} on dataset '{dataset_name}' has a registered model version")
     ranked = sorted(candidates, key=lambda r: (-r.data.metrics[lower], -r.data.metrics[metric]))
     best = ranked[0]
+    for r in ranked:
+        m = r.data.metrics
+        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {m[metric]:.1f} [{m[lower]:.1f}, {m[upper]:.1f}]"
+              + ("  <- the highest lower bound" if r is best else ""), file=sys.stderr)
+    _require_above_behaviour(dataset_name, best, estimator)
     chosen = versions[best.info.run_id][0]
     alias = f"{dataset_name}-ope-best"
     for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
         if alias in client.get_registered_model(name).aliases:
             client.delete_registered_model_alias(name, alias)
     client.set_registered_model_alias(chosen.name, alias, chosen.version)
-    for r in ranked:
-        m = r.data.metrics
-        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {m[metric]:.1f} [{m[lower]:.1f}, {m[upper]:.1f}]"
-              + ("  <- chosen" if r is best else ""), file=sys.stderr)
     runner_up = ranked[1] if len(ranked) > 1 else None
     clear = runner_up is None or best.data.metrics[lower] > runner_up.data.metrics[upper]
     confidence = ("the only candidate" if runner_up is None else
@@ -185,6 +197,23 @@ def select(dataset_name: str, estimator: str) -> dict:
           f"(run {best.info.run_name}, the highest lower bound; {confidence})", file=sys.stderr)
     return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id,
             metric: best.data.metrics[metric], lower: best.data.metrics[lower], "clear_of_runner_up": clear}
+
+
+def _require_above_behaviour(dataset_name: str, best, estimator: str) -> None:
+    """The pick's lower bound must stand above the behaviour policy's interval, as it must above the runner-up's to
+    be clear of it: otherwise the data does not show that the pick does better than what logged it."""
+    metric, lower, _ = mlflow_metrics(estimator)
+    value, low, high = (best.data.metrics.get(m, math.nan) for m in mlflow_metrics(BEHAVIOUR))
+    if not math.isfinite(high):
+        raise UserError(f"run {best.info.run_name} has no ope/{BEHAVIOUR} metric (its estimates predate it); run "
+                        f"`orl ope` on it again")
+    print(f"[select {dataset_name}] {BEHAVIOUR} policy (its logged returns): {value:.1f} [{low:.1f}, {high:.1f}]",
+          file=sys.stderr)
+    if best.data.metrics[lower] <= high:
+        raise UserError(f"no run on dataset '{dataset_name}' stands above its behaviour policy: the highest lower "
+                        f"bound, {best.data.metrics[lower]:.1f} ({metric} of {best.info.run_name}), is within the "
+                        f"behaviour's interval [{low:.1f}, {high:.1f}] or below it; no alias set (keep the behaviour "
+                        "policy, or train on more data)")
 
 
 def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, location: dataset.Location) -> None:

@@ -186,6 +186,18 @@ def test_mlflow_names_the_experiment_and_models_after_the_users_spec(repo):
     assert client.get_registered_model("Corridor-bc") is not None
 
 
+def test_select_picks_bc_on_the_users_env_and_nothing_on_expert_data(repo, user_env):
+    """BC walks right every time, the data's behaviour only mostly: the estimates tell them apart. On the expert's
+    data nothing can beat the expert that logged it."""
+    result = run(["orl", "select", "--dataset", "corridor-mixed", "--by", "fqe"], repo, user_env)
+    assert ("alias corridor-mixed-ope-best -> models:/Corridor-bc/1 (run bc-corridor-mixed, the highest lower bound; "
+            "the only candidate)") in result.stderr
+    refused = subprocess.run(["orl", "select", "--dataset", "cartpole-expert", "--by", "fqe"], cwd=repo, env=user_env,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "no run on dataset 'cartpole-expert' stands above its behaviour policy" in refused.stderr.splitlines()[-1]
+
+
 def test_the_users_dataset_exports_to_minari_and_imports_back_with_the_same_rows(repo, user_env, tmp_path):
     run(["orl", "datasets", "export", "datasets/corridor-mixed", "--to", "minari", "--id", "user/corridor-mixed-v0"],
         repo, user_env)
