@@ -74,7 +74,7 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                  if wanted else {"dataset": card.name, "units": "normalized score" if reference else "return",
                                  "estimates": {}})
     output = {"dataset_path": location.uri, "policy": "sampled" if sampled else "greedy", **estimated}
-    results = output["estimates"]
+    results, behaviour = output["estimates"], output.get(BEHAVIOUR)
     results.update({name: {"undefined": reason} for name, reason in undefined.items()
                     if estimators is None or name in estimators})
     write_json(run.ope_metrics, output)
@@ -83,13 +83,12 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                             if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
                             for metric, key in zip(mlflow_metrics(name), ESTIMATE_KEYS)}
                            | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {})
-                           | {metric: output[BEHAVIOUR][key]
-                              for metric, key in zip(mlflow_metrics(BEHAVIOUR), ESTIMATE_KEYS) if BEHAVIOUR in output})
+                           | ({metric: behaviour[key] for metric, key in zip(mlflow_metrics(BEHAVIOUR), ESTIMATE_KEYS)}
+                              if behaviour else {}))
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
                          **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
         mlflow.log_artifact(str(run.ope_metrics), "ope")
-    behaviour = {f"{BEHAVIOUR} policy": output[BEHAVIOUR]} if BEHAVIOUR in output else {}
-    for name, r in (results | behaviour).items():
+    for name, r in (results | ({f"{BEHAVIOUR} policy": behaviour} if behaviour else {})).items():
         line = (f"{r['value']:.1f} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] {output['units']}" if "value" in r
                 else r["undefined"])
         print(f"[ope {run.path.name}] {name}: {line}", file=sys.stderr)
@@ -180,7 +179,7 @@ def select(dataset_name: str, estimator: str) -> dict:
         m = r.data.metrics
         print(f"[select {dataset_name}] {r.info.run_name}: {metric} {m[metric]:.1f} [{m[lower]:.1f}, {m[upper]:.1f}]"
               + ("  <- the highest lower bound" if r is best else ""), file=sys.stderr)
-    _require_above_behaviour(dataset_name, best, estimator)
+    _require_above_behaviour(dataset_name, best, metric, lower)
     chosen = versions[best.info.run_id][0]
     alias = f"{dataset_name}-ope-best"
     for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
@@ -199,10 +198,9 @@ def select(dataset_name: str, estimator: str) -> dict:
             metric: best.data.metrics[metric], lower: best.data.metrics[lower], "clear_of_runner_up": clear}
 
 
-def _require_above_behaviour(dataset_name: str, best, estimator: str) -> None:
-    """The pick's lower bound must stand above the behaviour policy's interval, as it must above the runner-up's to
+def _require_above_behaviour(dataset_name: str, best, metric: str, lower: str) -> None:
+    """The pick's `lower` bound must stand above the behaviour policy's interval, as it must above the runner-up's to
     be clear of it: otherwise the data does not show that the pick does better than what logged it."""
-    metric, lower, _ = mlflow_metrics(estimator)
     value, low, high = (best.data.metrics.get(m, math.nan) for m in mlflow_metrics(BEHAVIOUR))
     if not math.isfinite(high):
         raise UserError(f"run {best.info.run_name} has no ope/{BEHAVIOUR} metric (its estimates predate it); run "
