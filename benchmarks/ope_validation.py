@@ -35,8 +35,7 @@ from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
 from evaluation.config import ESTIMATORS
-from evaluation.estimators import Episodes
-from evaluation.ope import estimate_policy, split_episodes, undefined_estimators
+from evaluation.ope import estimate_policy, logged_episodes, split_episodes, undefined_estimators
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 
@@ -66,7 +65,7 @@ def main() -> None:
         reference = read_reference(args.references, card.env.label, params.evaluate)
         if CEILING not in reference:  # the truth and the estimates are normalized scores
             raise UserError(f"{name}: {no_score_reason(card.env.label)}")
-        fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), params.ope)
+        fit, held_out = split_episodes(logged_episodes(location, card), params.ope)
         estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
         algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS

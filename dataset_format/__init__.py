@@ -14,6 +14,7 @@ from dataset_format.card import (
     read_card,
     summarize,
 )
+from dataset_format.frames import FrameStore, StackedObservations, load_frame_arrays, read_frames
 from dataset_format.location import Location, locate
 from dataset_format.readers import (
     load_arrays,
@@ -42,18 +43,22 @@ __all__ = [
     "SCHEMA_VERSION",
     "Col",
     "DatasetCard",
+    "FrameStore",
     "Location",
+    "StackedObservations",
     "arrow_schema",
     "column_to_numpy",
     "episode_bounds",
     "episode_stats",
     "flat_dim",
     "load_arrays",
+    "load_frame_arrays",
     "load_pandas",
     "load_ray",
     "load_table",
     "locate",
     "read_card",
+    "read_frames",
     "read_table",
     "refuse_existing",
     "size_on_disk",

@@ -25,7 +25,7 @@ import torch
 
 from common.errors import UserError
 from common.observations import ModelInput
-from dataset_format import Col, episode_bounds
+from dataset_format import Col, StackedObservations, episode_bounds
 from evaluation.config import OPEConfig
 
 
@@ -35,7 +35,8 @@ CHUNK = 4096
 
 @dataclass(frozen=True)
 class Episodes:
-    """Logged transitions as dataset columns (`dataset_format.load_arrays`), episode after episode, each from t 0."""
+    """Logged transitions as dataset columns (`dataset_format.load_arrays`, or for images `load_frame_arrays`, whose
+    observations are rebuilt from their frames as rows are read), episode after episode, each from t 0."""
 
     arrays: dict[str, np.ndarray]
     starts: np.ndarray
@@ -55,7 +56,8 @@ class Episodes:
     def select(self, episodes: np.ndarray) -> Episodes:
         """The given episodes (indices into this set), in that order."""
         rows = np.concatenate([np.arange(self.starts[i], self.ends[i]) for i in episodes])
-        return Episodes.of({name: values[rows] for name, values in self.arrays.items()})
+        return Episodes.of({name: values.take(rows) if isinstance(values, StackedObservations) else values[rows]
+                            for name, values in self.arrays.items()})
 
     def padded(self, values: np.ndarray) -> np.ndarray:
         """Per-transition values as an (episodes, longest episode) matrix, 0 after each episode's end."""

@@ -20,7 +20,7 @@ import dataset_format as dataset
 import tracking
 from common.envs import EnvSpec, time_limit
 from common.errors import UserError
-from common.observations import ModelInput
+from common.observations import ModelInput, is_image
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -67,7 +67,7 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
 
     sampled = evaluate_config.sample_actions and info["policy_is_distribution"]
     policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
-    fit, held_out = split_episodes(Episodes.of(dataset.load_arrays(location)), config)
+    fit, held_out = split_episodes(logged_episodes(location, card), config)
     tracking.connect()  # an unreachable tracking server or a lost run fails before the fitting
     tracking.require_run(info["mlflow_run_id"], run.run_info)
     estimated = (estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")
@@ -239,6 +239,15 @@ def undefined_estimators(card: dataset.DatasetCard) -> dict[str, str]:
     else:
         return {}
     return {WPDIS: reason, DR: reason}
+
+
+def logged_episodes(location: dataset.Location, card: dataset.DatasetCard) -> Episodes:
+    """The dataset's episodes, validated; images held once per distinct frame (a frame stack's transition holds
+    eight)."""
+    observation_space = card.spaces[0]
+    if is_image(observation_space):
+        return Episodes.of(dataset.load_frame_arrays(location, ModelInput.of(observation_space).channels_first))
+    return Episodes.of(dataset.load_arrays(location))
 
 
 def split_episodes(episodes: Episodes, config: OPEConfig) -> tuple[Episodes, Episodes]:

@@ -16,6 +16,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -139,6 +142,36 @@ def train_columns(algorithm, rows: int) -> dict:
 
     data = algorithm.offline_data.data.take_batch(rows, batch_format="numpy")
     return {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+
+
+def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 3, length: int = 9,
+                       stack: int = 4, frame_shape: tuple[int, int] = (12, 10)) -> Path:
+    """A dataset of random grey frames stacked as Gymnasium's FrameStackObservation stacks them (the first frame
+    repeated before an episode's start), on the first axis or, with `channels_first` False, the last; each episode
+    its own file."""
+    rng = np.random.default_rng(0)
+    shape = (stack, *frame_shape) if channels_first else (*frame_shape, stack)
+    observation_space, action_space = gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(3)
+    schema = dataset.arrow_schema(observation_space, action_space, with_logp=False)
+
+    def episode(eps_id: int) -> pa.Table:
+        frames = rng.integers(0, 256, (length + 1, *frame_shape), dtype=np.uint8)
+        padded = np.concatenate([np.repeat(frames[:1], stack - 1, axis=0), frames])
+        stacks = np.stack([padded[t:t + stack] for t in range(length + 1)])
+        stacks = stacks if channels_first else np.moveaxis(stacks, 1, -1)
+        return dataset.transitions_table({
+            Col.EPS_ID: np.full(length, eps_id), Col.T: np.arange(length),
+            Col.OBS: stacks[:-1].reshape(length, -1), Col.NEW_OBS: stacks[1:].reshape(length, -1),
+            Col.ACTIONS: rng.integers(0, 3, length), Col.REWARDS: rng.normal(size=length).astype(np.float32),
+            Col.TERMINATEDS: np.arange(length) == length - 1, Col.TRUNCATEDS: np.zeros(length, bool)}, schema)
+
+    card = dataset.DatasetCard(
+        name=path.name, env_id=None, observation_space=dataset.space_to_dict(observation_space),
+        action_space=dataset.space_to_dict(action_space), behavior_policy={"kind": "logged"}, seed=None,
+        episodes=episodes, transitions=0, returns={}, episode_length={}, files=[], columns=schema.names,
+        code_version="tests", library_versions={})
+    dataset.write_tables((episode(i) for i in range(episodes)), path, card, file_bytes=1)
+    return path
 
 
 def copy_pipeline(root: Path) -> dict:

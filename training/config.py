@@ -47,10 +47,10 @@ class LearnerParams:
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
     is full (or the data ends)."""
     memory_cache_mib: int = 256
-    """Datasets up to this size on disk (256 MiB by default) are read and mapped to train batches once and
-    held in memory, as tensors in the learner's process, each pass a fresh shuffle of all rows. Larger ones
-    stream from Parquet at each pass through `shuffle_buffer`: memory stays flat, but each pass restarts the
-    read pipeline. 0 always streams."""
+    """Datasets up to this size on disk (256 MiB by default; images count one observation per transition, in
+    memory, not on disk) are read and mapped to train batches once and held in memory, as tensors in the learner's
+    process, each pass a fresh shuffle of all rows. Larger ones stream from Parquet at each pass through
+    `shuffle_buffer`: memory stays flat, but each pass restarts the read pipeline. 0 always streams."""
     stream_read_ahead_mib: int = 256
     """For datasets that stream: object-store memory Ray Data may fill with rows read and mapped ahead of the
     learner. It bounds training memory whatever the dataset's size."""

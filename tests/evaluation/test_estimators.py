@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+import dataset_format as dataset
 from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
 from evaluation.estimators import Episodes, FitReport, Weighted, bootstrap, fit_fqe, log_ratios
 from evaluation.ope_validation import markdown, regret_at_1, spearman, validate
+from tests.conftest import write_frame_stacks
 
 HORIZON = 8
 CONFIG = OPEConfig(hidden_layers=[32, 32], iterations=HORIZON + 4, updates_per_iteration=100, batch_size=128,
@@ -248,3 +250,20 @@ def test_fqe_reads_image_observations_through_a_cnn():
     with pytest.raises(UserError, match=r"ope.conv_filters \[\[8, 8, 4\], \[8, 4, 2\]\] leave no pixels of a 12x12 image"):
         fit_fqe(episodes, reading, 2, HORIZON, dataclasses.replace(CONFIG, conv_filters=[[8, 8, 4], [8, 4, 2]]),
                 lambda *_: None, observations)
+
+
+def test_fqe_on_frames_held_once_fits_and_values_as_on_the_arrays(tmp_path):
+    """Frame stacks held once per distinct frame (`load_frame_arrays`, as `orl ope` reads image datasets) give FQE
+    the inputs the arrays give, through a selection of episodes: the same fit and the same values."""
+    path = write_frame_stacks(tmp_path / "stacks")
+    observations = ModelInput((4, 12, 10), channels_first=True, scale=1 / 255)
+    config = dataclasses.replace(CONFIG, conv_filters=[[4, 3, 2]], iterations=3, updates_per_iteration=5, batch_size=8)
+    values = []
+    for arrays in (dataset.load_arrays(path), dataset.load_frame_arrays(path, channels_first=True)):
+        episodes = Episodes.of(arrays).select(np.array([2, 0]))
+        a = episodes.arrays
+        uniform = np.full((len(a[Col.T]), 3), 1 / 3)
+        q = fit_fqe(episodes, uniform, 3, 9, config, lambda *_: None, observations)
+        values.append(q.values(a[Col.OBS], a[Col.T], uniform))
+    assert isinstance(episodes.arrays[Col.OBS], dataset.StackedObservations)
+    np.testing.assert_array_equal(values[0], values[1])

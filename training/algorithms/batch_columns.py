@@ -31,14 +31,17 @@ TRAIN_COLUMNS = {
     Col.TRUNCATEDS: TRUNCATEDS,
     Col.ACTION_LOGP: ACTION_LOGP,
 }
-FLOAT_COLUMNS = (OBS, NEXT_OBS, REWARDS, ACTION_LOGP)
+FLOAT_COLUMNS = (REWARDS, ACTION_LOGP)  # observations stay as stored until `network_observations`
+# The batch columns that hold observations.
+OBSERVATION_COLUMNS = frozenset(f"{DEFAULT_MODULE_ID}/{name}" for name in (OBS, NEXT_OBS, BOOTSTRAP_OBS))
 # Steps in each row's TD target; RLlib's DQN learner discounts the bootstrap by gamma ** batch["n_step"].
 N_STEP = "n_step"
 
 
 def transitions(rows: pa.Table, names: tuple[str, ...] = tuple(TRAIN_COLUMNS.values())) -> dict[str, np.ndarray]:
     """The learner's columns of a batch of dataset rows (those of `names` the rows have), by their RLlib names
-    (observations as 2-D arrays, converted by Arrow, not row by row)."""
+    (observations as 2-D arrays, converted by Arrow, not row by row, in their stored dtype). The batch functions
+    below only select and reorder observations, so they work as well on the ids of `dataset_format.read_frames`."""
     columns = {out: column_to_numpy(rows[col]) for col, out in TRAIN_COLUMNS.items()
                if out in names and col in rows.column_names}
     for name in FLOAT_COLUMNS:
@@ -47,11 +50,12 @@ def transitions(rows: pa.Table, names: tuple[str, ...] = tuple(TRAIN_COLUMNS.val
     return columns
 
 
-def network_observations(batch: dict[str, np.ndarray], model_input: ModelInput) -> dict[str, np.ndarray]:
-    """The batch with its observation columns as the network takes them (images channels-last in [0, 1], Discrete
-    observations one-hot)."""
-    observations = {f"{DEFAULT_MODULE_ID}/{name}" for name in (OBS, NEXT_OBS, BOOTSTRAP_OBS)}
-    return {name: model_input(values) if name in observations else values for name, values in batch.items()}
+def network_observations(batch: dict[str, np.ndarray], model_input: ModelInput | None) -> dict[str, np.ndarray]:
+    """The batch with its observation columns as the network takes them: vectors as float32, and with a
+    `model_input`, images channels-last in [0, 1], Discrete observations one-hot."""
+    return {name: values if name not in OBSERVATION_COLUMNS else
+            model_input(values) if model_input else values.astype(np.float32, copy=False)
+            for name, values in batch.items()}
 
 
 def flat(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 
 import dataset_format as dataset
 from common.errors import UserError
@@ -179,7 +180,7 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
             map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
             # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
             # so memory does not grow with them.
-            materialize_mapped_data=dataset.size_on_disk(location, card) <= params.memory_cache_mib * 2**20,
+            materialize_mapped_data=_held_bytes(location, card) <= params.memory_cache_mib * 2**20,
             # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
@@ -196,3 +197,13 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
+
+
+def _held_bytes(location: dataset.Location, card: dataset.DatasetCard) -> int:
+    """About what holding the dataset in memory takes: its Parquet bytes, or for images one observation per
+    transition (the frames of `obs` come again in `new_obs` and are held once), not their bytes on disk, where zstd
+    makes repeated frames tens of times smaller. A frame stack takes about a quarter of that."""
+    observation_space = card.spaces[0]
+    if is_image(observation_space):
+        return card.transitions * observation_space.dtype.itemsize * int(np.prod(observation_space.shape))
+    return dataset.size_on_disk(location, card)

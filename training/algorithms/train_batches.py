@@ -28,7 +28,7 @@ from ray.rllib.offline.offline_data import OfflineData
 import dataset_format as dataset
 from common.errors import UserError
 from common.observations import ModelInput
-from training.algorithms.batch_columns import network_observations
+from training.algorithms.batch_columns import OBSERVATION_COLUMNS, network_observations
 from training.algorithms.rllib_internals import offline_data_map_kwargs, offline_data_rows, set_offline_data_mapped
 
 
@@ -50,12 +50,13 @@ class InMemoryBatches:
         self.location, self.plan, self.shard, self.num_shards = location, plan, shard, num_shards
         self.seed = (seed or 0) + shard
         self.columns: dict[str, torch.Tensor] | None = None
+        self.frames: dataset.FrameStore | None = None
         self.batch_size, self.device = 0, "cpu"
 
     def load(self) -> InMemoryBatches:
         """Reads and maps the rows (once); this learner's share stays."""
         if self.columns is None:
-            mapped = self.plan.train_batch(dataset.read_table(self.location))
+            mapped, self.frames = self.plan.held_batch(self.location)
             shares = {name: values[self.shard::self.num_shards] for name, values in mapped.items()}
             # Columns Arrow handed over without a copy are read-only, which torch warns about.
             self.columns = {name: torch.from_numpy(share if share.flags.writeable and share.flags.c_contiguous
@@ -79,7 +80,10 @@ class InMemoryBatches:
         # A shard smaller than a batch is read whole; a pass that yielded nothing would make RLlib wait forever.
         for start in range(0, max(rows - self.batch_size + 1, 1), self.batch_size):
             picked = order[start:start + self.batch_size]
-            yield {name: values[picked].to(self.device) for name, values in self.columns.items()}
+            batch = {name: values[picked] for name, values in self.columns.items()}
+            if self.frames is not None:
+                batch = self.plan.network_batch(batch, self.frames)
+            yield {name: values.to(self.device) for name, values in batch.items()}
 
 
 class StreamedBatches:
@@ -130,8 +134,21 @@ class BatchPlan:
     model_input: ModelInput | None = None
 
     def train_batch(self, rows) -> dict[str, np.ndarray]:
-        batch = self.to_train_batch(rows, **self.kwargs)
-        return batch if self.model_input is None else network_observations(batch, self.model_input)
+        return network_observations(self.to_train_batch(rows, **self.kwargs), self.model_input)
+
+    def held_batch(self, location: dataset.Location) -> tuple[dict[str, np.ndarray], dataset.FrameStore | None]:
+        """The whole dataset's batch columns, to hold in memory. Images stay as ids into the returned frames, each
+        distinct frame held once, and become the network's input batch by batch (`network_batch`); a 4-frame
+        stack would otherwise hold eight frames per transition, as float32."""
+        if self.model_input is None or self.model_input.one_hot:
+            return self.train_batch(dataset.read_table(location)), None
+        frames, rows = dataset.read_frames(location, self.model_input.channels_first)
+        return self.to_train_batch(rows, **self.kwargs), frames
+
+    def network_batch(self, batch: dict[str, torch.Tensor], frames: dataset.FrameStore) -> dict[str, torch.Tensor]:
+        """A batch of `held_batch`'s columns with its observation ids made the network's input."""
+        return {name: torch.from_numpy(self.model_input(frames[ids.numpy()])) if name in OBSERVATION_COLUMNS else ids
+                for name, ids in batch.items()}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import dataset_format as dataset
 from common.errors import UserError
 from dataset_format import Col
 from pipelines.params import load_params
+from tests.conftest import write_frame_stacks
 from training.algorithms import batch_columns
 from training.algorithms.batch_columns import N_STEP, cloning_batch, flat, transitions, with_n_step, with_returns
 from training.algorithms.registry import rllib_config
@@ -192,6 +193,27 @@ def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
             row.numpy().tobytes() for row in seen} <= everything  # each row at most once per pass
     assert not torch.equal(passes[0], passes[1])
     assert len(list(data.iter_torch_batches(batch_size=10 * data.rows))) == 1  # smaller than a batch: read whole
+
+
+def _rows_as_bytes(batch: dict) -> set[tuple[bytes, ...]]:
+    names = sorted(batch)
+    return {tuple(np.asarray(batch[name][i]).tobytes() for name in names) for i in range(len(batch[names[0]]))}
+
+
+@pytest.mark.parametrize("algo", ["bc", "marwil", "dqn"])
+def test_frame_stacks_held_once_per_frame_give_the_batches_of_the_mapped_rows(tmp_path, ray_local, algo):
+    """Held in memory, an image dataset's observations are ids into its frames, each frame held once, made the
+    network's input (channels-last, in [0, 1]) batch by batch: each row of a pass is a row of what mapping the
+    Parquet rows gives, next observations (DQN's n-step, MARWIL's bootstrap) included."""
+    path = write_frame_stacks(tmp_path / "stacks")
+    config = rllib_config(algo, getattr(load_params("params.yaml").algos, algo), path, seed=0)
+    [data] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
+    mapped = _rows_as_bytes(data.plan.train_batch(dataset.read_table(path)))
+    batches = [{name: values.numpy() for name, values in batch.items()}
+               for batch in data.iter_torch_batches(batch_size=8)]
+    assert data.frames is not None and len(data.frames.frames) == 30  # 3 episodes of 10 distinct frames
+    assert batches[0]["default_policy/obs"].shape == (8, 12, 10, 4)
+    assert set().union(*map(_rows_as_bytes, batches)) <= mapped and len(batches) == 27 // 8
 
 
 def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):

@@ -1,0 +1,123 @@
+"""Image observations held in memory once per distinct frame, for readers that hold a whole dataset.
+
+A dataset stores each observation as the env gives it: a 4-frame stack (Gymnasium's FrameStackObservation) in
+`obs`, and again, shifted by a frame, in `new_obs`. On disk zstd finds the repeats; read as arrays, a transition
+holds eight frames, and as the float32 a network takes, 32 times one frame's uint8 bytes. `read_frames` reads the
+rows a batch of a few thousand at a time and keeps each distinct frame once: about one frame per transition, plus
+the stack's first frames at each episode's start. Observations become ids into a `FrameStore`, which rebuilds them,
+batch by batch, as the env gave them.
+
+A frame is a plane of the image along its channel axis (the first or the last, `common/observations.ModelInput`'s
+rule); images whose planes never repeat (RGB, say) are held at their own size, plus 4 bytes per plane of index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataset_format.card import read_card
+from dataset_format.location import locate, storage_errors
+from dataset_format.readers import DatasetPath
+from dataset_format.schema import Col, column_to_numpy
+from dataset_format.validation import validate
+
+OBSERVATION_COLUMNS = (Col.OBS, Col.NEW_OBS)
+READ_ROWS = 4096  # rows decoded at a time: a few hundred MB of 84x84 4-frame stacks, before their repeats go
+
+
+@dataclass(frozen=True)
+class FrameStore:
+    """Observations as ids: each one's frames, in order along the channel axis, are rows of `frames`."""
+
+    frames: np.ndarray
+    """(distinct frames, *frame shape), the dataset's dtype."""
+    stacks: np.ndarray
+    """(observations, channels) int32: the frames of each observation id."""
+    channels_first: bool
+    """The channel axis is the observation's first (else its last)."""
+
+    def __getitem__(self, ids) -> np.ndarray:
+        """The observations of `ids`, at the shape the dataset stores."""
+        stacked = self.frames[self.stacks[np.asarray(ids)]]
+        return stacked if self.channels_first else np.ascontiguousarray(np.moveaxis(stacked, 1, -1))
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes + self.stacks.nbytes
+
+
+@dataclass(frozen=True)
+class StackedObservations:
+    """A column of observations as ids into a FrameStore, read as an array of them: `obs[rows]` rebuilds those rows
+    (a slice, or an array of row numbers), `len(obs)` counts them."""
+
+    store: FrameStore
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.store[self.ids[rows]]
+
+    def take(self, rows: np.ndarray) -> StackedObservations:
+        """These rows, still as ids."""
+        return StackedObservations(self.store, self.ids[rows])
+
+
+def load_frame_arrays(path: DatasetPath, channels_first: bool) -> dict[str, np.ndarray | StackedObservations]:
+    """`load_arrays` for image observations: the whole validated dataset, `obs` and `new_obs` held once per distinct
+    frame as StackedObservations."""
+    validate(path)
+    store, table = read_frames(path, channels_first)
+    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
+    return arrays | {name: StackedObservations(store, arrays[name]) for name in OBSERVATION_COLUMNS}
+
+
+def read_frames(path: DatasetPath, channels_first: bool) -> tuple[FrameStore, pa.Table]:
+    """The whole dataset (read without checks, as `read_table`) with `obs` and `new_obs` as int64 ids into the
+    returned store. Row functions that only select or reorder rows (training's batch columns) work on the ids."""
+    location = locate(path)
+    card = read_card(location)
+    space, names = card.spaces[0], card.schema().names
+    shape = space.shape
+    frame_shape = shape[1:] if channels_first else shape[:-1]
+    frames, stacks, tables, next_id = _Frames(), [], [], 0
+    with storage_errors(location):
+        for entry in card.files:
+            batches = pq.ParquetFile(location.path(entry["path"]), filesystem=location.fs).iter_batches(READ_ROWS)
+            for batch in batches:
+                table = pa.Table.from_batches([batch]).select(names)
+                for name in OBSERVATION_COLUMNS:
+                    observations = column_to_numpy(table[name]).reshape(len(table), *shape)
+                    planes = observations if channels_first else np.moveaxis(observations, -1, 1)
+                    stacks.append(frames.ids(planes))
+                    ids = pa.array(np.arange(next_id, next_id + len(table)), pa.int64())
+                    table = table.set_column(table.schema.get_field_index(name), name, ids)
+                    next_id += len(table)
+                tables.append(table)
+    store = FrameStore(frames.array(frame_shape, space.dtype), np.concatenate(stacks), channels_first)
+    return store, pa.concat_tables(tables)
+
+
+class _Frames:
+    """Distinct frames by their bytes, each numbered once."""
+
+    def __init__(self):
+        self.numbers: dict[bytes, int] = {}
+
+    def ids(self, planes: np.ndarray) -> np.ndarray:
+        """(rows, channels) numbers of the planes of (rows, channels, *frame shape), new ones numbered next."""
+        numbers = self.numbers
+        flat = planes.reshape(-1, *planes.shape[2:])
+        return np.fromiter((numbers.setdefault(plane.tobytes(), len(numbers)) for plane in flat), np.int32,
+                           len(flat)).reshape(planes.shape[:2])
+
+    def array(self, frame_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Every frame in number order (dicts keep insertion order); the bytes held so far are let go."""
+        joined, self.numbers = b"".join(self.numbers), {}
+        return np.frombuffer(joined, dtype).reshape(-1, *frame_shape)

@@ -1,0 +1,29 @@
+"""Image observations read back with each distinct frame held once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dataset_format as dataset
+from dataset_format import Col
+from tests.conftest import write_frame_stacks
+
+
+@pytest.mark.parametrize("channels_first", [True, False])
+def test_frame_stacks_are_held_once_per_frame_and_rebuilt_as_stored(tmp_path, monkeypatch, channels_first):
+    monkeypatch.setattr(dataset.frames, "READ_ROWS", 4)  # episodes of 9 rows: stacks cut across reads
+    path = write_frame_stacks(tmp_path / "stacks", channels_first)
+    store, table = dataset.read_frames(path, channels_first)
+
+    stored = dataset.load_arrays(path)
+    card = dataset.read_card(path)
+    shape = tuple(card.observation_space["shape"])
+    for name in (Col.OBS, Col.NEW_OBS):
+        ids = table[name].to_numpy()
+        np.testing.assert_array_equal(store[ids], stored[name].reshape(-1, *shape))
+    assert table.drop_columns([Col.OBS, Col.NEW_OBS]).equals(dataset.read_table(path).drop_columns(
+        [Col.OBS, Col.NEW_OBS]))
+    assert len(store.frames) == card.transitions + card.episodes  # each episode's 10 distinct frames, once
+    held_as_arrays = stored[Col.OBS].nbytes + stored[Col.NEW_OBS].nbytes  # eight frames per transition
+    assert store.nbytes < held_as_arrays / 4
