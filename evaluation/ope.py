@@ -27,6 +27,7 @@ from dataset_format import Col
 from evaluation.config import DR, ESTIMATORS, FQE, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
 from evaluation.references import CEILING, normalized_score, read_reference
+from evaluation.selection import BEHAVIOUR, Interval, rank_by_lower_bound, stands_above
 
 # Rows of observations the policy sees at once: bounds memory on large datasets.
 POLICY_CHUNK = 65_536
@@ -35,9 +36,6 @@ POLICY_CHUNK = 65_536
 DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range", "unreliable"
 # An estimate's value and interval, as ope.json holds them; the MLflow metrics `mlflow_metrics` names carry them.
 ESTIMATE_KEYS = ("value", "ci_low", "ci_high")
-# The behaviour policy's value: the mean logged return of the episodes estimated on, with its bootstrap interval, in
-# the estimates' units (`ope/behaviour` in MLflow). `orl select` picks no run that the data cannot tell from it.
-BEHAVIOUR = "behaviour"
 
 
 def mlflow_metrics(estimator: str) -> tuple[str, str, str]:
@@ -154,32 +152,31 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
 
 
 def select(dataset_name: str, estimator: str) -> dict:
-    """Chooses, among the finished MLflow runs trained on the dataset, the one whose `ope/ESTIMATOR` interval has the
-    highest lower bound (a policy is picked for what the data shows it surely does, not for an estimate it may
-    owe to noise), says whether its interval stands clear of the runner-up's, and points the registry alias
-    DATASET-ope-best at its model version (taking it from any other model). Refuses, setting nothing, where that
-    lower bound does not stand above the behaviour policy's interval."""
+    """Chooses, among the finished MLflow runs trained on the dataset, the one the rule of evaluation/selection.py
+    picks (the highest lower bound), says whether its interval stands clear of the runner-up's, and points the
+    registry alias DATASET-ope-best at its model version (taking it from any other model). Refuses, setting nothing,
+    where no run stands above the behaviour policy."""
     tracking.connect()
     metric, lower, upper = mlflow_metrics(estimator)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
-    candidates = [r for r in runs
-                  if all(math.isfinite(r.data.metrics.get(m, math.nan)) for m in (metric, lower, upper))]
+    candidates = [r for r in runs if _interval(r.data.metrics, estimator).finite]
     if not candidates:
         raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} "
                         f"(tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first")
     client = mlflow.MlflowClient()
     versions = {r.info.run_id: client.search_model_versions(f"run_id = '{r.info.run_id}'") for r in candidates}
-    candidates = [r for r in candidates if versions[r.info.run_id]]
-    if not candidates:
+    runs_by_id = {r.info.run_id: r for r in candidates if versions[r.info.run_id]}
+    if not runs_by_id:
         raise UserError(f"no run with {metric} on dataset '{dataset_name}' has a registered model version")
-    ranked = sorted(candidates, key=lambda r: (-r.data.metrics[lower], -r.data.metrics[metric]))
+    estimates = {run_id: _interval(r.data.metrics, estimator) for run_id, r in runs_by_id.items()}
+    ranked = [runs_by_id[run_id] for run_id in rank_by_lower_bound(estimates)]
     best = ranked[0]
     for r in ranked:
-        m = r.data.metrics
-        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {m[metric]:.1f} [{m[lower]:.1f}, {m[upper]:.1f}]"
+        e = estimates[r.info.run_id]
+        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {e.value:.1f} [{e.low:.1f}, {e.high:.1f}]"
               + ("  <- the highest lower bound" if r is best else ""), file=sys.stderr)
-    _require_above_behaviour(dataset_name, best, metric, lower)
+    _require_above_behaviour(dataset_name, best, estimates[best.info.run_id], metric)
     chosen = versions[best.info.run_id][0]
     alias = f"{dataset_name}-ope-best"
     for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
@@ -187,7 +184,7 @@ def select(dataset_name: str, estimator: str) -> dict:
             client.delete_registered_model_alias(name, alias)
     client.set_registered_model_alias(chosen.name, alias, chosen.version)
     runner_up = ranked[1] if len(ranked) > 1 else None
-    clear = runner_up is None or best.data.metrics[lower] > runner_up.data.metrics[upper]
+    clear = runner_up is None or stands_above(estimates[best.info.run_id], estimates[runner_up.info.run_id])
     confidence = ("the only candidate" if runner_up is None else
                   f"its interval stands clear of the runner-up's ({runner_up.info.run_name})" if clear else
                   f"its interval overlaps the runner-up's ({runner_up.info.run_name}): the data does not tell "
@@ -198,20 +195,25 @@ def select(dataset_name: str, estimator: str) -> dict:
             metric: best.data.metrics[metric], lower: best.data.metrics[lower], "clear_of_runner_up": clear}
 
 
-def _require_above_behaviour(dataset_name: str, best, metric: str, lower: str) -> None:
-    """The pick's `lower` bound must stand above the behaviour policy's interval, as it must above the runner-up's to
-    be clear of it: otherwise the data does not show that the pick does better than what logged it."""
-    value, low, high = (best.data.metrics.get(m, math.nan) for m in mlflow_metrics(BEHAVIOUR))
-    if not math.isfinite(high):
+def _interval(metrics: dict, estimator: str) -> Interval:
+    """An estimator's interval from a run's MLflow metrics (`mlflow_metrics`); NaN where one is missing."""
+    return Interval(*(metrics.get(name, math.nan) for name in mlflow_metrics(estimator)))
+
+
+def _require_above_behaviour(dataset_name: str, best, pick: Interval, metric: str) -> None:
+    """The pick must stand above the behaviour policy's interval (its run's `ope/behaviour` metrics): otherwise the
+    data does not show that it does better than what logged it."""
+    behaviour = _interval(best.data.metrics, BEHAVIOUR)
+    if not behaviour.finite:
         raise UserError(f"run {best.info.run_name} has no ope/{BEHAVIOUR} metric (its estimates predate it); run "
                         f"`orl ope` on it again")
-    print(f"[select {dataset_name}] {BEHAVIOUR} policy (its logged returns): {value:.1f} [{low:.1f}, {high:.1f}]",
-          file=sys.stderr)
-    if best.data.metrics[lower] <= high:
+    print(f"[select {dataset_name}] {BEHAVIOUR} policy (its logged returns): {behaviour.value:.1f} "
+          f"[{behaviour.low:.1f}, {behaviour.high:.1f}]", file=sys.stderr)
+    if not stands_above(pick, behaviour):
         raise UserError(f"no run on dataset '{dataset_name}' stands above its behaviour policy: the highest lower "
-                        f"bound, {best.data.metrics[lower]:.1f} ({metric} of {best.info.run_name}), is within the "
-                        f"behaviour's interval [{low:.1f}, {high:.1f}] or below it; no alias set (keep the behaviour "
-                        "policy, or train on more data)")
+                        f"bound, {pick.low:.1f} ({metric} of {best.info.run_name}), is within the behaviour's "
+                        f"interval [{behaviour.low:.1f}, {behaviour.high:.1f}] or below it; no alias set (keep the "
+                        "behaviour policy, or train on more data)")
 
 
 def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, location: dataset.Location) -> None:

@@ -15,6 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from evaluation.selection import Interval, select_by_rule
+
+KEPT_BEHAVIOUR = "behaviour policy"  # what the rule keeps where it refuses to pick a run
+
 
 def spearman(estimates: list[float], truths: list[float]) -> float | None:
     """Pearson correlation of the ranks (ties share their mean rank); None where the truths are all equal, 0 where
@@ -27,8 +31,51 @@ def spearman(estimates: list[float], truths: list[float]) -> float | None:
 
 def regret_at_1(estimates: list[float], truths: list[float]) -> float | None:
     """In [0, 1]; None where the truths are all equal."""
-    best, worst, chosen = max(truths), min(truths), truths[int(np.argmax(estimates))]
+    return _regret(truths[int(np.argmax(estimates))], truths)
+
+
+def _regret(chosen: float, truths: list[float]) -> float | None:
+    best, worst = max(truths), min(truths)
     return (best - chosen) / (best - worst) if best > worst else None
+
+
+def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval, float]]) -> dict:
+    """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs: `points` as `validate`
+    takes them, with each estimate's run and interval (keys run, ci_low, ci_high); `behaviours`, per dataset, the
+    behaviour policy's interval and true score. Per estimator and dataset: what the rule keeps (a run, or the
+    behaviour policy where it refuses), its true score, the best true score among the runs and the behaviour policy,
+    and the rule's regret, (best - kept) / (best - worst); then the median regret and the datasets where what it
+    kept is worse than the behaviour policy."""
+    summary = {}
+    for estimator in dict.fromkeys(p["estimator"] for p in points):
+        per_dataset = {}
+        for name in sorted({p["dataset"] for p in points if p["estimator"] == estimator} & behaviours.keys()):
+            group = {p["run"]: p for p in points if p["estimator"] == estimator and p["dataset"] == name}
+            behaviour, behaviour_truth = behaviours[name]
+            pick = select_by_rule({run: Interval(p["estimate"], p["ci_low"], p["ci_high"]) for run, p in group.items()},
+                                  behaviour)
+            truths = {run: p["truth"] for run, p in group.items()} | {KEPT_BEHAVIOUR: behaviour_truth}
+            kept = pick or KEPT_BEHAVIOUR
+            best = max(truths, key=truths.get)
+            per_dataset[name] = {"kept": kept, "kept_truth": truths[kept], "best": best, "best_truth": truths[best],
+                                 "regret": _regret(truths[kept], list(truths.values())),
+                                 "worse_than_behaviour": truths[kept] < behaviour_truth}
+        summary[estimator] = {"median_regret": _median([d["regret"] for d in per_dataset.values()]),
+                              "worse_than_behaviour": sum(d["worse_than_behaviour"] for d in per_dataset.values()),
+                              "datasets": per_dataset}
+    return summary
+
+
+def selection_markdown(summary: dict) -> str:
+    lines = ["| by | dataset | the rule keeps | its true score | the best (true score) | regret (0 best, 1 worst) |",
+             "|---|---|---|---|---|---|"]
+    for estimator, s in summary.items():
+        for name, d in s["datasets"].items():
+            lines.append(f"| {estimator} | {name} | {d['kept']} | {d['kept_truth']:.1f} | {d['best']} "
+                         f"({d['best_truth']:.1f}) | {_cell(d['regret'])} |")
+        lines.append(f"| **{estimator}** | **median regret**; worse than the behaviour policy on "
+                     f"{s['worse_than_behaviour']} of {len(s['datasets'])} | | | | **{_cell(s['median_regret'])}** |")
+    return "\n".join(lines) + "\n"
 
 
 def validate(points: list[dict]) -> dict:

@@ -12,6 +12,8 @@ from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
 from evaluation import ope_validation
 from evaluation.references import no_score_reason, normalized_score, reference_path
+from evaluation.selection import BEHAVIOUR as BEHAVIOUR_ESTIMATE
+from evaluation.selection import Interval
 
 BEHAVIOUR = "behaviour policy"
 # The results table's place when no run was evaluated in an env (data without a simulator): the estimates remain.
@@ -65,10 +67,10 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n" + "".join(f"\nn/a: {no_score_reason(env)}.\n" for env in unscored)
 
 
-def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
-    """A row per run with `orl ope` estimates (and its true score where it was evaluated), and a point per
-    (evaluated run, defined estimate) for the validation."""
-    rows, points = [], []
+def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict], dict[str, Interval]]:
+    """A row per run with `orl ope` estimates (and its true score where it was evaluated), a point per (evaluated
+    run, defined estimate) for the validation, and each dataset's behaviour policy estimate."""
+    rows, points, behaviours = [], [], {}
     for path in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         run = RunDir(path)
         if not run.ope_metrics.is_file():
@@ -80,12 +82,17 @@ def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict]]:
         estimates = {name: e.get("value", e.get("status")) for name, e in ope["estimates"].items()}
         rows.append({"run": path.name, "dataset": ope["dataset"], "units": ope["units"], "truth": truth, **estimates})
         if truth is not None and ope["units"] == "normalized score":
-            points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth}
+            points += [{"dataset": ope["dataset"], "estimator": name, "estimate": value, "truth": truth,
+                        "run": path.name, "ci_low": ope["estimates"][name]["ci_low"],
+                        "ci_high": ope["estimates"][name]["ci_high"]}
                        for name, value in estimates.items() if isinstance(value, float)]
-    return rows, points
+            if BEHAVIOUR_ESTIMATE in ope:  # the same for every run on the dataset
+                b = ope[BEHAVIOUR_ESTIMATE]
+                behaviours[ope["dataset"]] = Interval(b["value"], b["ci_low"], b["ci_high"])
+    return rows, points, behaviours
 
 
-def ope_section(rows: list[dict], summary: dict) -> str:
+def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
     estimators = list(dict.fromkeys(k for r in rows for k in r if k not in ("run", "dataset", "units", "truth")))
     lines = [f"| run | dataset | true score | {' | '.join(estimators)} |", "|---|---|---|" + "---|" * len(estimators)]
     for r in rows:
@@ -97,6 +104,12 @@ def ope_section(rows: list[dict], summary: dict) -> str:
             "against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
     if summary:
         text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
+    if selection:
+        text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
+                 "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "
+                 "where that bound does not stand above the behaviour's interval (docs/ope.md); its regret against the "
+                 "best of the evaluated runs and the behaviour policy.\n\n"
+                 + ope_validation.selection_markdown(selection))
     return text
 
 
@@ -111,7 +124,7 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
     on data without a simulator, the estimates are all there is."""
     out_dir = Path(out_dir)
     rows, curves, returns, not_evaluated = collect_rows(Path(runs_dir), Path(references_dir))
-    estimate_rows, points = off_policy_estimates(Path(runs_dir))
+    estimate_rows, points, behaviour_estimates = off_policy_estimates(Path(runs_dir))
     if not rows and not estimate_rows:
         raise UserError(f"nothing to report under {runs_dir}: no run was evaluated or estimated; run `orl train`, "
                         "then `orl evaluate` (or `orl ope` for data without a simulator)")
@@ -119,6 +132,11 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
     if not_evaluated:
         table += "\nNot evaluated:\n\n" + "".join(f"- {line}\n" for line in not_evaluated)
     validation = ope_validation.validate(points)
+    behaviour_truths = {r["dataset"]: r["normalized_score"] for r in rows
+                        if r["algo"] == BEHAVIOUR and r["normalized_score"] is not None}
+    selection = ope_validation.validate_selection(points, {
+        name: (estimate, behaviour_truths[name]) for name, estimate in behaviour_estimates.items()
+        if name in behaviour_truths})
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.write_text("# Offline RL results\n\nNormalized score: 0 = the floor reference (the random policy unless "
@@ -126,10 +144,11 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
                        "seeds; the behaviour policy's on its collection episodes).\n\n"
                        + table + "\n![scores](scores.png)\n![returns](returns.png)\n"
                        "![learning curves](learning_curves.png)\n"
-                       + (ope_section(estimate_rows, validation) if estimate_rows else ""))
+                       + (ope_section(estimate_rows, validation, selection) if estimate_rows else ""))
     write_json(out_dir / "scores.json", {f"{r['dataset']}/{r['algo']}": round(r["normalized_score"], 2)
                                          for r in rows if r["normalized_score"] is not None})
     write_json(out_dir / "ope.json", validation)
+    write_json(out_dir / "selection.json", selection)
     if points:
         plots.estimates_against_truth(points, out_dir / "ope.png")
     else:

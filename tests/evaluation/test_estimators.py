@@ -20,7 +20,16 @@ from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
 from evaluation.estimators import Episodes, FitReport, Weighted, bootstrap, fit_fqe, log_ratios
-from evaluation.ope_validation import markdown, regret_at_1, spearman, validate
+from evaluation.ope_validation import (
+    KEPT_BEHAVIOUR,
+    markdown,
+    regret_at_1,
+    selection_markdown,
+    spearman,
+    validate,
+    validate_selection,
+)
+from evaluation.selection import Interval
 from tests.conftest import write_frame_stacks
 
 HORIZON = 8
@@ -141,6 +150,29 @@ def test_validation_metrics():
     assert summary["policies"] == 4 and summary["datasets"]["a"]["spearman"] == pytest.approx(1.0)
     assert summary["datasets"]["b"]["regret_at_1"] == 0.0 and summary["median_regret_at_1"] == 0.0
     assert summary["mae"] == pytest.approx((9 + 18 + 35 + 26) / 4)
+
+
+def test_the_selection_rule_is_validated_by_what_it_keeps():
+    """`orl select`'s rule keeps the run with the highest lower bound where it stands above the behaviour policy's
+    interval, else the behaviour policy; its regret counts the behaviour policy among the choices."""
+    def point(dataset, run, estimate, low, high, truth):
+        return {"dataset": dataset, "estimator": "fqe", "run": run, "estimate": estimate, "ci_low": low,
+                "ci_high": high, "truth": truth}
+
+    points = [point("a", "dqn", 60, 10, 110, 20), point("a", "iql", 40, 35, 45, 50),  # dqn: high, but unsure
+              point("b", "bc", 95, 90, 99, 90),  # within the behaviour's interval
+              point("c", "bc", 50, 40, 60, 10)]  # sure of itself, and wrong
+    behaviours = {"a": (Interval(0, -5, 5), 0.0), "b": (Interval(99, 98, 100), 100.0), "c": (Interval(30, 25, 35), 30.0)}
+    summary = validate_selection(points, behaviours)["fqe"]
+    a, b, c = (summary["datasets"][name] for name in "abc")
+    assert (a["kept"], a["regret"], a["worse_than_behaviour"]) == ("iql", 0.0, False)
+    assert regret_at_1([60, 40], [20, 50]) == 1.0  # the highest estimate alone would have kept dqn
+    assert (b["kept"], b["kept_truth"], b["regret"]) == (KEPT_BEHAVIOUR, 100.0, 0.0)
+    assert (c["kept"], c["regret"], c["worse_than_behaviour"]) == ("bc", 1.0, True)
+    assert summary["median_regret"] == 0.0 and summary["worse_than_behaviour"] == 1
+    table = selection_markdown({"fqe": summary})
+    assert "| fqe | a | iql | 50.0 | iql (50.0) | 0.00 |" in table
+    assert f"| fqe | b | {KEPT_BEHAVIOUR} | 100.0 | {KEPT_BEHAVIOUR} (100.0) | 0.00 |" in table
 
 
 def test_validation_of_policies_that_all_score_the_same_says_so_instead_of_nan():

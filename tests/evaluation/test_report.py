@@ -107,3 +107,23 @@ def test_data_without_a_simulator_is_reported_by_its_estimates(expert_dataset, r
     assert json.loads((tmp_path / "reports" / "scores.json").read_text()) == {}
     for image in ("scores.png", "returns.png", "learning_curves.png", "ope.png"):
         assert (tmp_path / "reports" / image).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_report_checks_the_selection_rule_against_the_true_scores(expert_dataset, references, tmp_path):
+    """Evaluated runs with `orl ope` estimates: the report says what `orl select`'s rule keeps on the dataset and
+    its regret, in the summary and in selection.json."""
+    runs = tmp_path / "runs"
+    behaviour = {"value": 99.0, "ci_low": 98.0, "ci_high": 100.0}  # the expert dataset's logged returns
+    for algo, returns, interval in (("bc", [500.0], (95.0, 99.5)), ("dqn", [120.0], (60.0, 80.0))):
+        run = fake_run(runs, f"{algo}-cartpole-expert", algo, expert_dataset, returns)
+        write_json(run.ope_metrics, {"dataset": "cartpole-expert", "units": "normalized score", "behaviour": behaviour,
+                                     "estimates": {"fqe": {"value": sum(interval) / 2, "ci_low": interval[0],
+                                                           "ci_high": interval[1]}}})
+
+    summary = report(runs, references, tmp_path / "reports").read_text()
+
+    assert "### `orl select`'s rule, checked against the true scores" in summary
+    selection = json.loads((tmp_path / "reports" / "selection.json").read_text())["fqe"]
+    kept = selection["datasets"]["cartpole-expert"]
+    assert kept["kept"] == BEHAVIOUR and kept["best"] == "bc-cartpole-expert" and kept["best_truth"] == 96.0
+    assert f"| fqe | cartpole-expert | {BEHAVIOUR} | {kept['kept_truth']:.1f} | bc-cartpole-expert (96.0) |" in summary

@@ -1,0 +1,42 @@
+"""The rule `orl select` picks a policy by, from off-policy estimates alone; the report validates it against the
+true scores of runs that were evaluated in their env (docs/ope.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# The behaviour policy's value (the mean logged return of the episodes estimated on): its key in ope.json and its
+# MLflow metric, `ope/behaviour`. The rule picks no policy that the data cannot tell from it.
+BEHAVIOUR = "behaviour"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate and its bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(x) for x in (self.value, self.low, self.high))
+
+
+def rank_by_lower_bound(estimates: dict[str, Interval]) -> list[str]:
+    """The highest lower bound first (a policy is picked for what the data shows it surely does, not for an estimate
+    it may owe to noise), then the highest estimate."""
+    return sorted(estimates, key=lambda name: (-estimates[name].low, -estimates[name].value))
+
+
+def stands_above(pick: Interval, other: Interval) -> bool:
+    """Whether the data shows the pick doing better than the other: its lower bound above the other's interval."""
+    return pick.low > other.high
+
+
+def select_by_rule(estimates: dict[str, Interval], behaviour: Interval) -> str | None:
+    """The candidate with the highest lower bound, where it stands above the behaviour policy; None (keep the
+    behaviour policy) otherwise."""
+    ranked = rank_by_lower_bound(estimates)
+    return ranked[0] if ranked and stands_above(estimates[ranked[0]], behaviour) else None
