@@ -39,13 +39,15 @@ def _regret(chosen: float, truths: list[float]) -> float | None:
     return (best - chosen) / (best - worst) if best > worst else None
 
 
-def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval, float]]) -> dict:
+def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval, float]],
+                       truths: dict[str, dict[str, float]]) -> dict:
     """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs: `points` as `validate`
     takes them, with each estimate's run and interval (keys run, ci_low, ci_high); `behaviours`, per dataset, the
-    behaviour policy's interval and true score. Per estimator and dataset: what the rule keeps (a run, or the
-    behaviour policy where it refuses), its true score, the best true score among the runs and the behaviour policy,
-    and the rule's regret, (best - kept) / (best - worst); then the median regret and the datasets where what it
-    kept is worse than the behaviour policy."""
+    behaviour policy's interval and true score; `truths`, per dataset, the true score of every run estimated, with a
+    number or without. Per estimator and dataset: what the rule keeps (a run, or the behaviour policy where it
+    refuses), its true score, the best true score among the runs and the behaviour policy, and the rule's regret,
+    (best - kept) / (best - worst); then the median regret and the datasets where what it kept is worse than the
+    behaviour policy."""
     summary = {}
     for estimator in dict.fromkeys(p["estimator"] for p in points):
         per_dataset = {}
@@ -54,12 +56,13 @@ def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval,
             behaviour, behaviour_truth = behaviours[name]
             pick = select_by_rule({run: Interval(p["estimate"], p["ci_low"], p["ci_high"]) for run, p in group.items()},
                                   behaviour)
-            truths = {run: p["truth"] for run, p in group.items()} | {KEPT_BEHAVIOUR: behaviour_truth}
+            everything = truths[name] | {KEPT_BEHAVIOUR: behaviour_truth}
             kept = pick or KEPT_BEHAVIOUR
-            best = max(truths, key=truths.get)
-            per_dataset[name] = {"kept": kept, "kept_truth": truths[kept], "best": best, "best_truth": truths[best],
-                                 "regret": _regret(truths[kept], list(truths.values())),
-                                 "worse_than_behaviour": truths[kept] < behaviour_truth}
+            best = max(everything, key=everything.get)
+            per_dataset[name] = {"kept": kept, "kept_truth": everything[kept], "best": best,
+                                 "best_truth": everything[best], "regret": _regret(everything[kept],
+                                                                                   list(everything.values())),
+                                 "worse_than_behaviour": everything[kept] < behaviour_truth}
         summary[estimator] = {"median_regret": _median([d["regret"] for d in per_dataset.values()]),
                               "worse_than_behaviour": sum(d["worse_than_behaviour"] for d in per_dataset.values()),
                               "datasets": per_dataset}

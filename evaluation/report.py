@@ -108,7 +108,7 @@ def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
         text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
                  "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "
                  "where that bound does not stand above the behaviour's interval (docs/ope.md); its regret against the "
-                 "best of the evaluated runs and the behaviour policy.\n\n"
+                 "best of the behaviour policy and the runs estimated, with a number or without.\n\n"
                  + ope_validation.selection_markdown(selection))
     return text
 
@@ -134,9 +134,13 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
     validation = ope_validation.validate(points)
     behaviour_truths = {r["dataset"]: r["normalized_score"] for r in rows
                         if r["algo"] == BEHAVIOUR and r["normalized_score"] is not None}
+    run_truths: dict[str, dict[str, float]] = {}  # every estimated run's true score, whether estimates came or not
+    for r in estimate_rows:
+        if r["truth"] is not None and r["units"] == "normalized score":
+            run_truths.setdefault(r["dataset"], {})[r["run"]] = r["truth"]
     selection = ope_validation.validate_selection(points, {
         name: (estimate, behaviour_truths[name]) for name, estimate in behaviour_estimates.items()
-        if name in behaviour_truths})
+        if name in behaviour_truths}, run_truths)
     summary = out_dir / "summary.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.write_text("# Offline RL results\n\nNormalized score: 0 = the floor reference (the random policy unless "

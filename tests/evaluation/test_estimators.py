@@ -162,16 +162,20 @@ def test_the_selection_rule_is_validated_by_what_it_keeps():
     points = [point("a", "dqn", 60, 10, 110, 20), point("a", "iql", 40, 35, 45, 50),  # dqn: high, but unsure
               point("b", "bc", 95, 90, 99, 90),  # within the behaviour's interval
               point("c", "bc", 50, 40, 60, 10)]  # sure of itself, and wrong
-    behaviours = {"a": (Interval(0, -5, 5), 0.0), "b": (Interval(99, 98, 100), 100.0), "c": (Interval(30, 25, 35), 30.0)}
-    summary = validate_selection(points, behaviours)["fqe"]
+    behaviours = {"a": (Interval(0, -5, 5), 0.0), "b": (Interval(99, 98, 100), 100.0),
+                  "c": (Interval(30, 25, 35), 30.0)}
+    # Every estimated run counts among the choices, also one the estimator gave no number (marwil: out of range).
+    truths = {"a": {"dqn": 20, "iql": 50, "marwil": 60}, "b": {"bc": 90}, "c": {"bc": 10}}
+    summary = validate_selection(points, behaviours, truths)["fqe"]
     a, b, c = (summary["datasets"][name] for name in "abc")
-    assert (a["kept"], a["regret"], a["worse_than_behaviour"]) == ("iql", 0.0, False)
+    assert (a["kept"], a["best"], a["worse_than_behaviour"]) == ("iql", "marwil", False)
+    assert a["regret"] == pytest.approx(10 / 60)  # 50 of 0 (the behaviour policy) .. 60
     assert regret_at_1([60, 40], [20, 50]) == 1.0  # the highest estimate alone would have kept dqn
     assert (b["kept"], b["kept_truth"], b["regret"]) == (KEPT_BEHAVIOUR, 100.0, 0.0)
     assert (c["kept"], c["regret"], c["worse_than_behaviour"]) == ("bc", 1.0, True)
-    assert summary["median_regret"] == 0.0 and summary["worse_than_behaviour"] == 1
+    assert summary["median_regret"] == pytest.approx(10 / 60) and summary["worse_than_behaviour"] == 1
     table = selection_markdown({"fqe": summary})
-    assert "| fqe | a | iql | 50.0 | iql (50.0) | 0.00 |" in table
+    assert "| fqe | a | iql | 50.0 | marwil (60.0) | 0.17 |" in table
     assert f"| fqe | b | {KEPT_BEHAVIOUR} | 100.0 | {KEPT_BEHAVIOUR} (100.0) | 0.00 |" in table
 
 
