@@ -54,8 +54,8 @@ class ReferenceConfig:
 
 
 # Off-policy estimators, by the name `orl ope --estimators`, `orl select --by` and MLflow's `ope/NAME` use.
-FQE, WPDIS, DR = "fqe", "wpdis", "dr"
-ESTIMATORS = (FQE, WPDIS, DR)
+FQE, WPDIS, DR, MODEL = "fqe", "wpdis", "dr", "model"
+ESTIMATORS = (FQE, WPDIS, DR, MODEL)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class OPEConfig:
     """Share of the dataset's episodes, drawn by eps_id with `seed`, that the estimates are computed on while FQE is
     fitted on the others; 0 fits and estimates on every episode."""
     seed: int = 0
-    """Seeds the episode split, FQE's network and minibatches, and the bootstrap."""
+    """Seeds the episode split, the networks, their minibatches, and the bootstrap."""
     hidden_layers: list[int] = field(default_factory=lambda: [256, 256])
     """FQE's Q-network: sizes of the hidden layers (ReLU)."""
     conv_filters: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
@@ -85,6 +85,13 @@ class OPEConfig:
     rewards reach the first."""
     updates_per_iteration: int = 20
     """FQE's gradient steps per iteration."""
+    model_hidden_layers: list[int] = field(default_factory=lambda: [200, 200])
+    """The model-based estimator's dynamics networks (`model`): sizes of the hidden layers (ReLU)."""
+    model_ensemble: int = 5
+    """Dynamics networks in the model-based estimator's ensemble, each fitted on its own resample of the
+    transitions; its interval resamples them with the episodes, so it includes the fit's own variance."""
+    model_updates: int = 2000
+    """Gradient steps of each dynamics network (Adam at `lr`, minibatches of `batch_size`)."""
     bootstrap_samples: int = 200
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95
@@ -96,7 +103,7 @@ class OPEConfig:
 
     def __post_init__(self):
         require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples",
-                         "min_effective_episodes")
+                         "min_effective_episodes", "model_ensemble", "model_updates")
         if self.gamma > 1:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:
@@ -106,4 +113,6 @@ class OPEConfig:
         if self.iterations is not None:
             require_positive(self, "iterations")
         require_layer_sizes(self.hidden_layers)
+        if not self.model_hidden_layers or min(self.model_hidden_layers) <= 0:
+            raise ValueError(f"model_hidden_layers must be positive sizes, got {self.model_hidden_layers}")
         require_conv_filters(self.conv_filters)

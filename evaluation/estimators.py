@@ -6,6 +6,8 @@
   product of pi(a|s) / mu(a|s) up to that step, the weights normalized across episodes step by step.
 - Weighted doubly robust (WDR; Thomas & Brunskill 2016): FQE's values as the baseline, those weights correcting it.
 
+The model-based estimator, with dynamics of its own, is in evaluation/model_based.py.
+
 The return is the one `orl evaluate` measures: undiscounted (gamma 1 by default) over an episode of the env's time
 limit. A state's value then depends on the time left, so FQE's network takes t / horizon as an input, and nothing
 follows a step at the horizon.
@@ -320,7 +322,7 @@ class QNetwork(torch.nn.Module):
         else:
             self.encoder = torch.nn.Flatten()
             features = int(np.prod(shape))
-        self.head = _mlp(features + extra_inputs, config.hidden_layers, outputs)
+        self.head = mlp(features + extra_inputs, config.hidden_layers, outputs)
         self.image = len(shape) == 3
 
     def forward(self, obs: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
@@ -329,7 +331,7 @@ class QNetwork(torch.nn.Module):
         return self.head(torch.cat([self.encoder(obs), extra], dim=1))
 
 
-def _mlp(inputs: int, hidden_layers: list[int], outputs: int) -> torch.nn.Sequential:
+def mlp(inputs: int, hidden_layers: list[int], outputs: int) -> torch.nn.Sequential:
     layers, width = [], inputs
     for size in hidden_layers:
         layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]

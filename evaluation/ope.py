@@ -24,8 +24,9 @@ from common.observations import ModelInput, is_image
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
-from evaluation.config import DR, ESTIMATORS, FQE, WPDIS, EvaluateConfig, OPEConfig
+from evaluation.config import DR, ESTIMATORS, FQE, MODEL, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.model_based import fit_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
 from evaluation.selection import BEHAVIOUR, Interval, rank_by_lower_bound, stands_above
 
@@ -128,6 +129,9 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                                            f"(Kish) of {len(held_out)}, fewer than ope.min_effective_episodes "
                                            f"({config.min_effective_episodes:g}); no estimate",
                               "status": UNRELIABLE, "effective_episodes": effective}
+    if MODEL in estimators:
+        results[MODEL] = _model_based(policy, fit, held_out, action_space.n if discrete else None, horizon, config,
+                                      reference, label)
     if not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
         reason = (f"FQE did not converge: its final TD loss {q.fit.td_loss:.4g} is above the variance of the logged "
                   f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")
@@ -232,15 +236,21 @@ def _require_same_task(run: RunDir, info: dict, card: dataset.DatasetCard, locat
 
 def undefined_estimators(card: dataset.DatasetCard) -> dict[str, str]:
     """The estimators that cannot evaluate a policy on this dataset, with why."""
-    if not isinstance(card.spaces[1], gym.spaces.Discrete):
-        reason = ("a policy on continuous actions acts deterministically here (or samples and clips to the bounds), "
-                  "so its actions have no density for importance weights; use fqe")
+    observation_space, action_space = card.spaces
+    undefined = {}
+    if isinstance(observation_space, gym.spaces.Discrete) or is_image(observation_space):
+        kind = "images" if is_image(observation_space) else "Discrete states"
+        undefined[MODEL] = (f"the model-based estimator learns the dynamics of vector observations, and {card.name}'s "
+                            f"are {kind}; use fqe")
+    if not isinstance(action_space, gym.spaces.Discrete):
+        weights = ("a policy on continuous actions acts deterministically here (or samples and clips to the bounds), "
+                   "so its actions have no density for importance weights; use fqe")
     elif not card.has_action_logp:
-        reason = (f"{card.name} has no {Col.ACTION_LOGP} column (its behaviour policy's action probabilities are "
-                  "unknown); use fqe")
+        weights = (f"{card.name} has no {Col.ACTION_LOGP} column (its behaviour policy's action probabilities are "
+                   "unknown); use fqe")
     else:
-        return {}
-    return {WPDIS: reason, DR: reason}
+        return undefined
+    return undefined | {WPDIS: weights, DR: weights}
 
 
 def logged_episodes(location: dataset.Location, card: dataset.DatasetCard) -> Episodes:
@@ -272,6 +282,36 @@ def _horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
     return int(max([limit or 0, *(e.lengths.max() for e in episodes)]))
 
 
+def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_actions: int | None, horizon: int,
+                 config: OPEConfig, reference: dict | None, label: str) -> dict:
+    """The policy rolled out in dynamics fitted on `fit`, from each held-out episode's first state; the interval
+    resamples the networks of the ensemble with the episodes."""
+    model = fit_dynamics(fit, num_actions, config, _progress(label, "model network", "loss"))
+    starts = held_out.arrays[Col.OBS][held_out.starts]
+    returns = rollout_returns(model, _actor(policy, num_actions is not None, config.seed), starts, horizon,
+                              config.gamma)
+    networks = np.random.default_rng(config.seed)
+
+    def statistic(sample: np.ndarray) -> float:
+        return float(returns[sample][:, networks.integers(len(model), size=len(model))].mean())
+
+    return _estimate(float(returns.mean()), statistic, len(held_out), config, reference, model.return_range(horizon))
+
+
+def _actor(policy: ModulePolicy, discrete: bool, seed: int):
+    """The policy's actions at a batch of states, as `orl evaluate` takes them: its mode when greedy, else a draw."""
+    rng = np.random.default_rng([seed, 1])
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        if not discrete:
+            return policy.act(obs, None if policy.greedy else rng.spawn(len(obs)), envs=None)[0]
+        probabilities = policy.probabilities(obs)
+        if policy.greedy:
+            return probabilities.argmax(axis=1)
+        return (probabilities.cumsum(axis=1) > rng.random((len(obs), 1))).argmax(axis=1)
+    return act
+
+
 def _pi(policy: ModulePolicy, obs: np.ndarray, discrete: bool, seed: int) -> np.ndarray:
     """The policy at each state: action probabilities (Discrete) or its action (Box)."""
     chunks = []
@@ -300,12 +340,11 @@ def _estimate(value: float, statistic, episodes: int, config: OPEConfig, referen
             "ci_high": normalized_score(high, reference), "return": value}
 
 
-def _progress(label: str):
-    """FQE's progress, about ten lines per fit."""
-    def report(iteration: int, iterations: int, loss: float) -> None:
-        if iteration % max(1, iterations // 10) == 0 or iteration == iterations:
-            print(f"[{label}] fqe iteration {iteration}/{iterations}, TD loss {loss:.4g}", file=sys.stderr,
-                  flush=True)
+def _progress(label: str, step: str = "fqe iteration", loss_name: str = "TD loss"):
+    """A fit's progress, at most about ten lines."""
+    def report(done: int, total: int, loss: float) -> None:
+        if done % max(1, total // 10) == 0 or done == total:
+            print(f"[{label}] {step} {done}/{total}, {loss_name} {loss:.4g}", file=sys.stderr, flush=True)
     return report
 
 

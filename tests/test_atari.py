@@ -108,6 +108,7 @@ def test_ope_estimates_a_policy_on_frames_through_a_cnn(workdir):
         else:
             assert low <= estimate["value"] <= high, (name, ope)
         assert f"[ope bc] {name}: " in log
+    assert "learns the dynamics of vector observations" in ope["estimates"]["model"]["undefined"]
 
 
 def test_frames_go_to_minari_and_come_back_with_the_same_rows(workdir, tmp_path):

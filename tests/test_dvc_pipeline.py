@@ -18,7 +18,7 @@ import yaml
 
 import dataset_format as dataset
 from dataset_format import Col
-from tests.conftest import CARTPOLE_CONTROLLER, CORRIDOR, USER_CODE, copy_pipeline
+from tests.conftest import CARTPOLE_CONTROLLER, CORRIDOR, TINY_OPE, USER_CODE, copy_pipeline
 
 pytestmark = pytest.mark.slow  # the real `dvc repro` of a whole pipeline
 
@@ -78,7 +78,7 @@ def repo(tmp_path_factory, user_env) -> Path:
     params["train"]["runs"]["bc-corridor-mixed"] = {"algo": "bc", "dataset": "corridor-mixed"}
     params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
-    params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)
+    params["ope"].update(TINY_OPE)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], root, user_env)
     run(["dvc", "init", "-q"], root, user_env)
@@ -126,12 +126,13 @@ def test_ope_estimates_every_run_and_the_report_sets_them_against_the_true_score
         ope = json.loads((repo / "runs" / f"{algo}-cartpole-expert" / "ope.json").read_text())
         assert ope["dataset"] == "cartpole-expert" and ope["units"] == "normalized score"
         assert ope["episodes"]["estimated_on"] == ope["episodes"]["total"] > 0  # no held-out split by default
-        assert {"fqe", "wpdis", "dr"} <= set(ope["estimates"])  # their values: tests/evaluation/test_ope.py
+        assert {"fqe", "wpdis", "dr", "model"} <= set(ope["estimates"])  # their values: tests/evaluation/test_ope.py
     summary = (repo / "reports" / "summary.md").read_text()
     # Pooled over the three offline runs, the user's env's included.
     assert "## Off-policy estimates" in summary and "| **fqe** | **pooled** (regret: median) | 3 |" in summary
     # Validated: the estimators that gave numbers (wpdis is "unreliable" where greedy policies collapse its weights).
-    assert {"fqe", "dr"} <= set(json.loads((repo / "reports" / "ope.json").read_text())) <= {"fqe", "wpdis", "dr"}
+    assert {"fqe", "dr", "model"} <= set(json.loads((repo / "reports" / "ope.json").read_text())) <= {
+        "fqe", "wpdis", "dr", "model"}
     assert (repo / "reports" / "ope.png").stat().st_size > 1000
 
 
@@ -174,7 +175,7 @@ def test_bc_on_the_users_env_is_evaluated_and_estimated_in_normalized_units(repo
     assert "| Corridor | corridor-mixed | bc |" in (repo / "reports" / "summary.md").read_text()
     ope = json.loads((repo / "runs" / "bc-corridor-mixed" / "ope.json").read_text())
     assert ope["units"] == "normalized score" and ope["horizon"] == 30
-    assert {"fqe", "wpdis", "dr"} <= set(ope["estimates"])
+    assert {"fqe", "wpdis", "dr", "model"} <= set(ope["estimates"])
 
 
 def test_mlflow_names_the_experiment_and_models_after_the_users_spec(repo):

@@ -20,7 +20,7 @@ from evaluation.ope import UNRELIABLE, ope
 from evaluation.references import reference_path
 from interop.config import ColumnMapping, ImportConfig
 from interop.importing import import_dataset
-from tests.conftest import REPO, assert_user_error, orl
+from tests.conftest import REPO, TINY_OPE, assert_user_error, orl
 from tests.evaluation.test_evaluate import REFERENCE
 from tests.interop.test_logs import NO_ENV, log_frame
 
@@ -37,7 +37,7 @@ def project(expert_dataset, tmp_path_factory) -> Path:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for algo in ("bc", "dqn"):
         params["algos"][algo].update(iterations=2, updates_per_iteration=5, hidden_layers=[32])
-    params["ope"].update(hidden_layers=[32, 32], iterations=5, updates_per_iteration=10, bootstrap_samples=30)
+    params["ope"].update(TINY_OPE)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     shutil.copytree(expert_dataset, root / "datasets" / DATASET)
     evaluate = EvaluateConfig(**params["evaluate"])
@@ -71,7 +71,7 @@ def test_ope_estimates_each_estimator_inside_its_interval_in_normalized_units(es
     for algo, output in estimated.items():
         assert output["dataset"] == DATASET and output["units"] == "normalized score"
         assert output["episodes"]["estimated_on"] == output["episodes"]["total"] == 20  # no held-out split
-        for name in ("fqe", "wpdis", "dr"):  # expert data logs action_logp (0: deterministic)
+        for name in ("fqe", "wpdis", "dr", "model"):  # expert data logs action_logp (0: deterministic)
             estimate = output["estimates"][name]
             if estimate.get("status") == UNRELIABLE:  # wpdis whose weights collapsed: no number
                 assert name == "wpdis" and estimate["effective_episodes"] < OPEConfig().min_effective_episodes, (
@@ -87,7 +87,7 @@ def test_ope_logs_its_estimates_to_the_run(project, estimated):
         run_id = json.loads((project / "runs" / algo / "run.json").read_text())["mlflow_run_id"]
         run = client.get_run(run_id)
         assert run.data.metrics["ope/fqe"] == pytest.approx(output["estimates"]["fqe"]["value"])
-        assert {"ope/fqe_ci_low", "ope/fqe_ci_high", "ope/wpdis", "ope/dr"} <= set(run.data.metrics)
+        assert {"ope/fqe_ci_low", "ope/fqe_ci_high", "ope/wpdis", "ope/dr", "ope/model"} <= set(run.data.metrics)
         assert run.data.metrics["ope/behaviour_ci_high"] == pytest.approx(output["behaviour"]["ci_high"])
         assert run.data.tags["ope.dataset"] == DATASET
 

@@ -15,7 +15,7 @@ from common.errors import UserError
 from evaluation.report import NO_EVALUATED_RUN
 from interop.config import ColumnMapping, ImportConfig, SpaceConfig
 from interop.importing import import_dataset
-from tests.conftest import assert_user_error, orl
+from tests.conftest import TINY_OPE, assert_user_error, orl
 
 OBS_NAMES = ["cart_x", "cart_v", "pole_angle", "pole_v"]
 COLUMNS = ColumnMapping(episode="session", step="tick", obs=OBS_NAMES, actions=["push"], rewards="gain",
@@ -128,7 +128,7 @@ def write_params(directory, imports: dict) -> None:
     (directory / "params.yaml").write_text(yaml.safe_dump({
         "datasets": {}, "imports": imports, "algos": {"bc": tiny}, "train": {"checkpoint_every": 10},
         "evaluate": {"episodes": 2, "num_workers": 1},
-        "ope": {"hidden_layers": [32, 32], "iterations": 5, "updates_per_iteration": 10, "bootstrap_samples": 30},
+        "ope": TINY_OPE,
     }))
 
 

@@ -1,0 +1,123 @@
+"""The model-based estimator (`model`): dynamics learned from the logged transitions, the policy rolled out in them.
+
+An ensemble of networks each predicts, from a state and an action, the change to the state, the reward and whether
+the episode terminates; each is fitted on its own resample of the transitions (Fu et al. 2021, "Benchmarks for Deep
+Off-Policy Evaluation", found such models among the strongest estimators). The policy acts in every network from the
+first state of each episode estimated on, up to the horizon or a predicted termination, and its return is the mean
+over episodes and networks. Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a
+policy better than every logged episode; it is held only within the logged states and rewards, step by step.
+
+Vector observations only: a model of images or of Discrete states would need another kind of network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from dataset_format import Col
+from evaluation.config import OPEConfig
+from evaluation.estimators import Episodes, mlp
+
+
+class DynamicsEnsemble:
+    """Networks over (state, action) features, normalized as fitted, that predict the state's change and the reward
+    (normalized) and the logit of termination."""
+
+    def __init__(self, networks: list[torch.nn.Module], episodes: Episodes, num_actions: int | None):
+        a = episodes.arrays
+        self.networks, self.num_actions = networks, num_actions
+        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
+        self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
+        self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
+        obs = np.asarray(a[Col.OBS], dtype=np.float32)
+        self.obs_low, self.obs_high = obs.min(axis=0), obs.max(axis=0)
+        self.reward_low, self.reward_high = float(a[Col.REWARDS].min()), float(a[Col.REWARDS].max())
+
+    def __len__(self) -> int:
+        return len(self.networks)
+
+    def features(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        actions = (np.eye(self.num_actions, dtype=np.float32)[actions.astype(np.int64)] if self.num_actions
+                   else np.asarray(actions, dtype=np.float32).reshape(len(actions), -1))
+        return np.concatenate([np.asarray(obs, dtype=np.float32), actions], axis=1)
+
+    def inputs(self, obs: np.ndarray, actions: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor((self.features(obs, actions) - self.feature_mean) / self.feature_std)
+
+    def step(self, network: int, obs: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(next states, rewards, terminated) as one network predicts them, held within the logged states and
+        rewards."""
+        with torch.no_grad():
+            out = self.networks[network](self.inputs(obs, actions)).numpy()
+        predicted = out[:, :-1] * self.target_std + self.target_mean
+        next_obs = np.clip(obs + predicted[:, :-1], self.obs_low, self.obs_high)
+        return next_obs, np.clip(predicted[:, -1], self.reward_low, self.reward_high), out[:, -1] > 0
+
+    def return_range(self, horizon: int) -> tuple[float, float]:
+        """The returns a rollout can reach: the horizon's steps at the lowest or highest logged reward."""
+        return horizon * min(self.reward_low, 0.0), horizon * max(self.reward_high, 0.0)
+
+
+def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
+                 progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
+    """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with
+    replacement) of the episodes' transitions: squared error on the normalized state change and reward, and
+    cross-entropy on termination. `num_actions` is the size of a Discrete action space (None for Box)."""
+    a = episodes.arrays
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    resamples = np.random.default_rng(config.seed)
+    model = DynamicsEnsemble([], episodes, num_actions)
+    inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
+    targets = torch.as_tensor((_targets(a) - model.target_mean) / model.target_std)
+    terminated = torch.as_tensor(a[Col.TERMINATEDS], dtype=torch.float32)
+    rows = len(terminated)
+    for member in range(1, config.model_ensemble + 1):
+        network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1] + 1)
+        optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
+        resample = torch.as_tensor(resamples.integers(rows, size=rows))
+        for _ in range(config.model_updates):
+            batch = resample[torch.randint(rows, (config.batch_size,), generator=generator)]
+            out = network(inputs[batch])
+            loss = (torch.nn.functional.mse_loss(out[:, :-1], targets[batch])
+                    + torch.nn.functional.binary_cross_entropy_with_logits(out[:, -1], terminated[batch]))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.networks.append(network.eval())
+        progress(member, config.model_ensemble, loss.item())
+    return model
+
+
+def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndarray], starts: np.ndarray,
+                    horizon: int, gamma: float) -> np.ndarray:
+    """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
+    from each start, for `horizon` steps or until a predicted termination."""
+    returns = np.zeros((len(starts), len(model)))
+    for network in range(len(model)):
+        obs, alive = np.array(starts, dtype=np.float32), np.ones(len(starts), dtype=bool)
+        for step in range(horizon):
+            rows = np.flatnonzero(alive)
+            if not len(rows):
+                break
+            next_obs, rewards, terminated = model.step(network, obs[rows], act(obs[rows]))
+            returns[rows, network] += gamma**step * rewards
+            obs[rows] = next_obs
+            alive[rows[terminated]] = False
+    return returns
+
+
+def _targets(arrays: dict) -> np.ndarray:
+    """The state's change and the reward, as the networks predict them (before normalization)."""
+    obs = np.asarray(arrays[Col.OBS], dtype=np.float32)
+    change = np.asarray(arrays[Col.NEW_OBS], dtype=np.float32) - obs
+    return np.concatenate([change, np.asarray(arrays[Col.REWARDS], dtype=np.float32)[:, None]], axis=1)
+
+
+def _std(values: np.ndarray) -> np.ndarray:
+    """Per column; 1 where a column is constant (a one-hot action never taken, a reward always the same)."""
+    std = values.std(axis=0)
+    return np.where(std > 1e-6, std, 1.0).astype(np.float32)

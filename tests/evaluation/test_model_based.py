@@ -1,0 +1,78 @@
+"""The model-based estimator on logged episodes whose true values are known exactly.
+
+The synthetic task: a 1-d position starts in [0, 2) and moves 1 per step with action 0, 1.5 with action 1; every
+step earns 1, and the episode ends once the position reaches 6. A policy's return from a start is its number of
+steps to the end, which only a model that learned the moves and where episodes end can tell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dataset_format import Col, read_card
+from evaluation.config import MODEL, OPEConfig
+from evaluation.estimators import Episodes
+from evaluation.model_based import fit_dynamics, rollout_returns
+from evaluation.ope import undefined_estimators
+from tests.conftest import write_frame_stacks
+
+END, MOVES = 6.0, (1.0, 1.5)
+CONFIG = OPEConfig(model_hidden_layers=[64, 64], model_ensemble=2, model_updates=1500, batch_size=128)
+
+
+def logged_episodes(episodes: int, seed: int = 0) -> Episodes:
+    """Episodes of a uniformly random behaviour policy."""
+    rng = np.random.default_rng(seed)
+    columns = {name: [] for name in (Col.EPS_ID, Col.T, Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS,
+                                     Col.TERMINATEDS, Col.TRUNCATEDS)}
+    for episode in range(episodes):
+        position, t = rng.uniform(0, 2), 0
+        while position < END:
+            action = int(rng.integers(2))
+            moved = position + MOVES[action]
+            for name, value in ((Col.EPS_ID, episode), (Col.T, t), (Col.OBS, [position]), (Col.ACTIONS, action),
+                                (Col.REWARDS, 1.0), (Col.NEW_OBS, [moved]), (Col.TERMINATEDS, moved >= END),
+                                (Col.TRUNCATEDS, False)):
+                columns[name].append(value)
+            position, t = moved, t + 1
+    arrays = {name: np.array(values) for name, values in columns.items()}
+    arrays[Col.OBS], arrays[Col.NEW_OBS] = arrays[Col.OBS].astype(np.float32), arrays[Col.NEW_OBS].astype(np.float32)
+    return Episodes.of(arrays)
+
+
+def steps_to_end(start: float, action: int) -> int:
+    return int(np.ceil((END - start) / MOVES[action]))
+
+
+def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
+    episodes = logged_episodes(300)
+    model = fit_dynamics(episodes, 2, CONFIG, lambda *_: None)
+    starts = np.array([[0.25], [0.9], [1.7]], dtype=np.float32)
+    for action in (0, 1):
+        returns = rollout_returns(model, lambda obs, a=action: np.full(len(obs), a), starts, horizon=50, gamma=1.0)
+        assert returns.shape == (3, CONFIG.model_ensemble)
+        truth = [steps_to_end(float(s), action) for s in starts[:, 0]]
+        np.testing.assert_allclose(returns.mean(axis=1), truth, atol=0.6)
+    assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
+
+
+def test_a_rollout_stops_at_the_horizon_and_discounts():
+    model = fit_dynamics(logged_episodes(50), 2, dataclasses.replace(CONFIG, model_updates=10), lambda *_: None)
+    returns = rollout_returns(model, lambda obs: np.zeros(len(obs), dtype=np.int64), np.zeros((1, 1), np.float32),
+                              horizon=2, gamma=0.5)
+    assert returns.max() <= 1.0 + 0.5 + 1e-6  # two steps of reward 1 at most, the second discounted
+
+
+def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
+    card = read_card(write_frame_stacks(tmp_path / "stacks"))
+    assert "learns the dynamics of vector observations, and stacks's are images; use fqe" in (
+        undefined_estimators(card)[MODEL])
+
+
+@pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_hidden_layers", [])])
+def test_bad_model_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        OPEConfig(**{field: value})
