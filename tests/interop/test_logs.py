@@ -157,12 +157,14 @@ def test_a_log_without_a_simulator_trains_and_evaluation_says_why_it_skips(log_d
     # What the data says of the policy instead: its off-policy estimates, in returns, are what the report shows.
     result = orl("ope", "runs/bc-shop-log", "--dataset", "datasets/shop-log", cwd=log_dir, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    fqe = json.loads((log_dir / "runs" / "bc-shop-log" / "ope.json").read_text())["estimates"]["fqe"]["value"]
+    estimates = json.loads((log_dir / "runs" / "bc-shop-log" / "ope.json").read_text())["estimates"]
+    fqe, model = estimates["fqe"]["value"], estimates["model"]["value"]
     result = orl("report", cwd=log_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = (log_dir / "reports" / "summary.md").read_text()
-    # No true score, and no importance sampling without the behaviour's probabilities: dr | fqe | wpdis.
-    assert NO_EVALUATED_RUN in summary and f"| bc-shop-log | shop-log | - | - | {fqe:.1f} | - |" in summary
+    # No true score, and no importance sampling without the behaviour's probabilities: dr | fqe | model | wpdis.
+    assert NO_EVALUATED_RUN in summary
+    assert f"| bc-shop-log | shop-log | - | - | {fqe:.1f} | {model:.1f} | - |" in summary
 
 
 def test_a_bad_import_exits_2_with_one_line_and_writes_nothing(log_dir):
