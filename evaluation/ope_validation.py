@@ -70,15 +70,13 @@ def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval,
 
 
 def selection_markdown(summary: dict) -> str:
-    lines = ["| by | dataset | the rule keeps | its true score | the best (true score) | regret (0 best, 1 worst) |",
-             "|---|---|---|---|---|---|"]
-    for estimator, s in summary.items():
-        for name, d in s["datasets"].items():
-            lines.append(f"| {estimator} | {name} | {d['kept']} | {d['kept_truth']:.1f} | {d['best']} "
-                         f"({d['best_truth']:.1f}) | {_cell(d['regret'])} |")
-        lines.append(f"| **{estimator}** | **median regret**; worse than the behaviour policy on "
-                     f"{s['worse_than_behaviour']} of {len(s['datasets'])} | | | | **{_cell(s['median_regret'])}** |")
-    return "\n".join(lines) + "\n"
+    """One row per estimator and dataset, then the median row."""
+    header = "| by | dataset | the rule keeps | its true score | the best (true score) | regret (0 best, 1 worst) |"
+    return _table(header, summary,
+                  lambda d: f"{d['kept']} | {d['kept_truth']:.1f} | {d['best']} ({d['best_truth']:.1f}) | "
+                            f"{_cell(d['regret'])}",
+                  lambda s: f"**median regret**; worse than the behaviour policy on {s['worse_than_behaviour']} of "
+                            f"{len(s['datasets'])} | | | | **{_cell(s['median_regret'])}**")
 
 
 def validate(points: list[dict]) -> dict:
@@ -107,14 +105,19 @@ def validate(points: list[dict]) -> dict:
 
 def markdown(summary: dict) -> str:
     """One row per estimator and dataset, then the pooled row."""
-    lines = ["| estimator | dataset | policies | Spearman | regret@1 (0 best, 1 worst) | MAE |",
-             "|---|---|---|---|---|---|"]
+    return _table("| estimator | dataset | policies | Spearman | regret@1 (0 best, 1 worst) | MAE |", summary,
+                  lambda d: f"{d['policies']} | {_cell(d['spearman'])} | {_cell(d['regret_at_1'])} | {d['mae']:.1f}",
+                  lambda s: f"**pooled** (regret: median) | {s['policies']} | **{_cell(s['pooled_spearman'])}** | "
+                            f"**{_cell(s['median_regret_at_1'])}** | **{s['mae']:.1f}**")
+
+
+def _table(header: str, summary: dict, row, total) -> str:
+    """A markdown table of a per-estimator summary: `row(dataset's entry)` after the estimator and dataset names,
+    then, per estimator, `total(its summary)` after its name in bold."""
+    lines = [header, "|---" * header.count(" | ") + "|---|"]
     for estimator, s in summary.items():
-        for name, d in s["datasets"].items():
-            lines.append(f"| {estimator} | {name} | {d['policies']} | {_cell(d['spearman'])} | "
-                         f"{_cell(d['regret_at_1'])} | {d['mae']:.1f} |")
-        lines.append(f"| **{estimator}** | **pooled** (regret: median) | {s['policies']} | "
-                     f"**{_cell(s['pooled_spearman'])}** | **{_cell(s['median_regret_at_1'])}** | **{s['mae']:.1f}** |")
+        lines += [f"| {estimator} | {name} | {row(d)} |" for name, d in s["datasets"].items()]
+        lines.append(f"| **{estimator}** | {total(s)} |")
     return "\n".join(lines) + "\n"
 
 
