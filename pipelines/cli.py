@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from common.errors import UserError
 from common.ray_runtime import ask_for_token_auth, quiet_library_notices, start_ray
 from evaluation.config import ESTIMATORS, FQE
 from pipelines.params import Params, load_params
+from pipelines.warm import forward, warm_server
 from training.config import AlgosConfig
 
 
@@ -150,9 +152,10 @@ def cmd_repro(args, params: Params) -> None:
 
     start_ray(params.ray.num_cpus)  # the cluster of RAY_ADDRESS, checked before any stage runs; or a local Ray
     # Every stage's `orl` connects to it instead of starting and stopping a Ray of its own (seconds per stage).
-    address = os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
-    dvc = subprocess.run([sys.executable, "-m", "dvc", "repro", *args.targets, *args.dvc_flags],
-                         env={**os.environ, "RAY_ADDRESS": address})
+    os.environ["RAY_ADDRESS"] = os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
+    with warm_orl() as warm:  # and every stage's `orl` forks from one process that has done its imports
+        dvc = subprocess.run([sys.executable, "-m", "dvc", "repro", *args.targets, *args.dvc_flags],
+                             env={**os.environ, **warm})
     if dvc.returncode:
         sys.exit(dvc.returncode)  # DVC said what failed
 
@@ -240,6 +243,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    status = forward(sys.argv if argv is None else [sys.argv[0], *argv])  # to a warm `orl`, where one is named
+    if status is not None:
+        return status
     ask_for_token_auth()
     quiet_library_notices()  # also those of checks before Ray starts (RLlib's, on loading a behaviour policy)
     top = parser()
@@ -261,6 +267,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orl: error: {user_error}", file=sys.stderr)
         return 2
     return 0
+
+
+def warm_orl() -> AbstractContextManager[dict[str, str]]:
+    """A warm `orl` (pipelines/warm.py) while in the context; it yields the variables that send `orl` to it."""
+    return warm_server("pipelines.cli:main", "pipelines.cli:import_what_commands_need")
+
+
+def import_what_commands_need() -> None:
+    """What the subcommands import when they run, imported ahead for a warm `orl`. Nothing may start here."""
+    import torch
+
+    import collectors.collect  # noqa: F401
+    import evaluation.evaluate  # noqa: F401
+    import evaluation.ope  # noqa: F401
+    import evaluation.report  # noqa: F401
+    import interop  # noqa: F401
+    import tracking  # noqa: F401
+    import training.online  # noqa: F401
+    import training.train  # noqa: F401
+
+    # RLlib seeds torch through this call, whose first use imports torch's compiler configuration (seconds); the
+    # same mode again changes nothing.
+    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
+                                       warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 def _user_error(err: BaseException) -> UserError | None:

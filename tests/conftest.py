@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import os
 import re
@@ -13,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,8 +29,10 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from common.envs import EnvSpec
 from common.loopback_cluster import free_port
 from dataset_format import Col
+from pipelines.cli import warm_orl
 
 REPO = Path(__file__).resolve().parent.parent
+ORL = str(Path(sys.executable).parent / "orl")  # the console script users run
 # Our packages, as floors, lowest first: each imports only those before it (tests/test_layers.py).
 PACKAGES = (
     "examples",        # controllers that behaviour policies and references name from params.yaml: none of ours
@@ -87,6 +91,18 @@ def session_ray() -> str:
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     return ray.get_runtime_context().gcs_address
+
+
+_session_servers = ExitStack()
+atexit.register(_session_servers.close)
+
+
+@functools.cache
+def session_warm_orl() -> dict[str, str]:
+    """The variables that send `orl()`'s commands to this test session's warm `orl` (pipelines/warm.py), started on
+    first use, after the session's Ray: that start sets RAY_AUTH_MODE here, which the server must be started with."""
+    session_ray()
+    return _session_servers.enter_context(warm_orl())
 
 
 @pytest.fixture(scope="session")
@@ -193,14 +209,12 @@ def copy_dataset(src: Path, dst: Path) -> Path:
 
 
 def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs the real `orl` command in a subprocess, on the session's Ray unless `env` names a RAY_ADDRESS ("" for a
-    Ray of its own): a Ray started and stopped by each command would cost seconds each."""
-    if "RAY_ADDRESS" not in (env or {}) and "RAY_ADDRESS" not in os.environ:
-        # Before the copy of os.environ: the first start sets RAY_AUTH_MODE here, which the command needs to join.
-        env = {**(env or {}), "RAY_ADDRESS": session_ray()}
-    env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    """Runs the real `orl` command in a subprocess, forked from the session's warm `orl`, on the session's Ray unless
+    `env` names a RAY_ADDRESS ("" for a Ray of its own): a Ray started and stopped, and the imports of a cold `orl`,
+    would cost seconds each command."""
+    warm = session_warm_orl()  # before the copy of os.environ: it starts the session's Ray, which sets RAY_AUTH_MODE
+    env = {"RAY_ADDRESS": session_ray(), **os.environ, **warm, **(env or {})}
+    return subprocess.run([ORL, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def assert_minari_round_trip(workdir: Path, name: str, env, tmp_path: Path) -> None:

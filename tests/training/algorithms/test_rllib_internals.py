@@ -47,8 +47,12 @@ def _python_files(*folders: str) -> list[Path]:
                   if (not folders or Path(name).parts[0] in folders) and (REPO / name).is_file())
 
 
+# Public names that start with an underscore: os._exit (the end of a forked child, pipelines/warm.py).
+PUBLIC_UNDERSCORED = {"_exit"}
+
+
 def _is_private(name: str | None) -> bool:
-    return bool(name) and name.startswith("_") and not name.startswith("__")
+    return bool(name) and name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORED
 
 
 def _hooked(node: ast.AST) -> bool:
