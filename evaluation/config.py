@@ -85,6 +85,11 @@ class OPEConfig:
     rewards reach the first."""
     updates_per_iteration: int = 20
     """FQE's gradient steps per iteration."""
+    fqe_heads: int = 5
+    """Heads of FQE's Q-network over shared hidden layers, each fitted to its own resample of the episodes (Poisson(1)
+    weights per episode, as bootstrapped DQN's heads): FQE's estimate is their mean, and its interval resamples the
+    heads with the episodes, so that it includes the fit's own variance. 1: one fit, an interval of the episodes
+    alone. Doubly robust corrects the heads' mean."""
     model_hidden_layers: list[int] = field(default_factory=lambda: [200, 200])
     """The model-based estimator's dynamics networks (`model`): sizes of the hidden layers (ReLU)."""
     model_ensemble: int = 5
@@ -103,7 +108,7 @@ class OPEConfig:
 
     def __post_init__(self):
         require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples",
-                         "min_effective_episodes", "model_ensemble", "model_updates")
+                         "min_effective_episodes", "model_ensemble", "model_updates", "fqe_heads")
         if self.gamma > 1:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:

@@ -76,11 +76,15 @@ class Episodes:
             following = to_go[:, step] = rewards[:, step] + gamma * following
         return to_go[self._cells()]
 
+    @property
+    def episode_of_rows(self) -> np.ndarray:
+        """The index of each transition's episode."""
+        return np.repeat(np.arange(len(self)), self.lengths)
+
     def _cells(self) -> tuple[np.ndarray, np.ndarray]:
         """(episode, step) of each transition in `padded`'s matrix."""
-        lengths = self.lengths
-        episode = np.repeat(np.arange(len(self)), lengths)
-        return episode, np.arange(len(episode)) - np.repeat(self.starts, lengths)
+        episode = self.episode_of_rows
+        return episode, np.arange(len(episode)) - np.repeat(self.starts, self.lengths)
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,11 @@ class QFunction:
         return self.scale * low, self.scale * high
 
     def values(self, obs: np.ndarray, t: np.ndarray, pi: np.ndarray) -> np.ndarray:
-        """V(s_t) = E_{a ~ pi} Q(s_t, a)."""
+        """V(s_t) = E_{a ~ pi} Q(s_t, a) by each head: (rows, heads)."""
         return self._by_chunks(obs, t, pi, _value)
 
     def q(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """Q(s_t, a_t) of the given actions."""
+        """Q(s_t, a_t) of the given actions by each head: (rows, heads)."""
         return self._by_chunks(obs, t, actions, _q_taken)
 
     def _by_chunks(self, obs: np.ndarray, t: np.ndarray, actions: np.ndarray, read) -> np.ndarray:
@@ -154,17 +158,24 @@ class ValueBounds:
         most = steps_left if self.gamma == 1 else (1 - self.gamma**steps_left) / (1 - self.gamma)
         low = np.maximum(np.minimum(self.reward_min, self.reward_min * most), self.return_min)
         high = np.minimum(np.maximum(self.reward_max, self.reward_max * most), self.return_max)
-        return torch.clamp(values, torch.as_tensor(low, dtype=values.dtype), torch.as_tensor(high, dtype=values.dtype))
+        per_row = (-1,) + (1,) * (values.dim() - 1)  # a row's bounds hold for each of its heads
+        return torch.clamp(values, torch.as_tensor(low, dtype=values.dtype).reshape(per_row),
+                           torch.as_tensor(high, dtype=values.dtype).reshape(per_row))
 
 
 def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, horizon: int, config: OPEConfig,
             progress: Callable[[int, int, float], None], observations: ModelInput) -> QFunction:
     """Fits Q to r + gamma * V(s') on the episodes' transitions; `pi_next` is the policy at each `new_obs`, and
     `num_actions` the size of a Discrete action space (None for Box). `observations` maps the stored observations
-    to the network's input (a Discrete one one-hot)."""
+    to the network's input (a Discrete one one-hot). Each of `config.fqe_heads` heads weighs each episode's
+    transitions by its own Poisson(1) draw: a bootstrap resample of the episodes (one head: every weight 1)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
+    heads = config.fqe_heads
+    draws = np.random.default_rng(config.seed).poisson(1.0, (len(episodes), heads)) if heads > 1 else \
+        np.ones((len(episodes), 1))
+    weights = torch.as_tensor(draws[episodes.episode_of_rows], dtype=torch.float32)  # (transitions, heads)
     discrete = num_actions is not None
     t = a[Col.T].astype(np.int64)
     now, then = _time(t, horizon), _time(t + 1, horizon)
@@ -179,7 +190,7 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
                          float(returns_to_go.min()), float(returns_to_go.max()))
     discount = torch.as_tensor(config.gamma * ~done, dtype=torch.float32)
 
-    net = QNetwork(observations, config, 1 + (0 if discrete else actions.shape[1]), num_actions or 1)
+    net = QNetwork(observations, config, 1 + (0 if discrete else actions.shape[1]), num_actions or 1, heads)
     target = copy.deepcopy(net)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     iterations = config.iterations or horizon
@@ -192,9 +203,9 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
             with torch.no_grad():
                 next_value = _value(target, _inputs(observations, a[Col.NEW_OBS][picked]), then[rows], pi_next[rows],
                                     discrete)
-                y = rewards[rows] + discount[rows] * bounds.clamp(next_value, t[picked] + 1)
+                y = rewards[rows, None] + discount[rows, None] * bounds.clamp(next_value, t[picked] + 1)
             q_taken = _q_taken(net, _inputs(observations, a[Col.OBS][picked]), now[rows], actions[rows], discrete)
-            loss = torch.nn.functional.mse_loss(q_taken, y)
+            loss = (weights[rows] * (q_taken - y) ** 2).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -267,6 +278,16 @@ def bootstrap(statistic: Callable[[np.ndarray], float], episodes: int, config: O
     return float(low), float(high)
 
 
+def resampling_members(values: np.ndarray, seed: int) -> Callable[[np.ndarray], float]:
+    """`bootstrap`'s statistic for an ensemble's (episodes, members) values: the mean over the resampled episodes and
+    a resample of the members, so that the interval includes the members' spread, the fit's own variance."""
+    members = np.random.default_rng(seed)
+
+    def statistic(sample: np.ndarray) -> float:
+        return float(values[sample][:, members.integers(values.shape[1], size=values.shape[1])].mean())
+    return statistic
+
+
 def _inputs(observations: ModelInput, obs: np.ndarray) -> torch.Tensor:
     """Stored observations as the network's input (channels-last images, in [0, 1] for pixels)."""
     return _writable_tensor(observations(obs))
@@ -288,23 +309,27 @@ def _tensor(pi: np.ndarray) -> torch.Tensor:
 
 
 def _value(net: QNetwork, obs: torch.Tensor, time: torch.Tensor, pi: torch.Tensor, discrete: bool) -> torch.Tensor:
+    """(rows, heads)."""
     if discrete:
-        return (net(obs, time) * pi).sum(dim=1)
-    return net(obs, torch.cat([time, pi.float()], dim=1)).squeeze(1)
+        return (net(obs, time) * pi[:, None, :]).sum(dim=2)
+    return net(obs, torch.cat([time, pi.float()], dim=1)).squeeze(2)
 
 
 def _q_taken(net: QNetwork, obs: torch.Tensor, time: torch.Tensor, actions: torch.Tensor,
              discrete: bool) -> torch.Tensor:
+    """(rows, heads)."""
     if discrete:
-        return net(obs, time).gather(1, actions.long()[:, None]).squeeze(1)
-    return net(obs, torch.cat([time, actions.float()], dim=1)).squeeze(1)
+        q = net(obs, time)
+        return q.gather(2, actions.long()[:, None, None].expand(-1, q.shape[1], 1)).squeeze(2)
+    return net(obs, torch.cat([time, actions.float()], dim=1)).squeeze(2)
 
 
 class QNetwork(torch.nn.Module):
-    """Q over an observation and extra inputs (the time feature, and the action for Box actions): an image goes
-    through a CNN first (`conv_filters`, as the learners' encoders), a vector straight to the hidden layers."""
+    """Q over an observation and extra inputs (the time feature, and the action for Box actions), by each of `heads`
+    output layers over shared hidden layers: (rows, heads, outputs). An image goes through a CNN first
+    (`conv_filters`, as the learners' encoders), a vector straight to the hidden layers."""
 
-    def __init__(self, observations: ModelInput, config: OPEConfig, extra_inputs: int, outputs: int):
+    def __init__(self, observations: ModelInput, config: OPEConfig, extra_inputs: int, outputs: int, heads: int):
         super().__init__()
         shape = observations.input_shape
         if len(shape) == 3:
@@ -322,13 +347,14 @@ class QNetwork(torch.nn.Module):
         else:
             self.encoder = torch.nn.Flatten()
             features = int(np.prod(shape))
-        self.head = mlp(features + extra_inputs, config.hidden_layers, outputs)
+        self.head = mlp(features + extra_inputs, config.hidden_layers, heads * outputs)
         self.image = len(shape) == 3
+        self.heads = heads
 
     def forward(self, obs: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
         if self.image:
             obs = obs.permute(0, 3, 1, 2)  # channels-last frames, as torch's convolutions take them: channels first
-        return self.head(torch.cat([self.encoder(obs), extra], dim=1))
+        return self.head(torch.cat([self.encoder(obs), extra], dim=1)).unflatten(1, (self.heads, -1))
 
 
 def mlp(inputs: int, hidden_layers: list[int], outputs: int) -> torch.nn.Sequential:

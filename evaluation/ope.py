@@ -25,7 +25,7 @@ from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.config import DR, ESTIMATORS, FQE, MODEL, WPDIS, EvaluateConfig, OPEConfig
-from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios, resampling_members
 from evaluation.model_based import fit_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
 from evaluation.selection import BEHAVIOUR, Interval, rank_by_lower_bound, stands_above
@@ -111,12 +111,12 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     allowed = q.return_range()
     results: dict[str, dict] = {}
     if FQE in estimators:
-        initial = v[held_out.starts]
-        results[FQE] = _estimate(float(initial.mean()), lambda sample: float(initial[sample].mean()),
-                                 len(held_out), config, reference, allowed)
+        initial = v[held_out.starts]  # (episodes, heads)
+        results[FQE] = _estimate(float(initial.mean()), resampling_members(initial, config.seed), len(held_out),
+                                 config, reference, allowed)
     if WPDIS in estimators or DR in estimators:
-        weighted = Weighted.of(held_out, log_ratios(held_out, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
-                               config.gamma)
+        weighted = Weighted.of(held_out, log_ratios(held_out, pi),
+                               q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]).mean(axis=1), v.mean(axis=1), config.gamma)
         effective = weighted.effective_episodes()
         for name, statistic in ((WPDIS, Weighted.wpdis), (DR, Weighted.wdr)):
             if name in estimators:
@@ -289,13 +289,9 @@ def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_ac
     model = fit_dynamics(fit, num_actions, config, _progress(label, "model network", "loss"))
     starts = held_out.arrays[Col.OBS][held_out.starts]
     returns = rollout_returns(model, _actor(policy, num_actions is not None, config.seed), starts, horizon,
-                              config.gamma)
-    networks = np.random.default_rng(config.seed)
-
-    def statistic(sample: np.ndarray) -> float:
-        return float(returns[sample][:, networks.integers(len(model), size=len(model))].mean())
-
-    return _estimate(float(returns.mean()), statistic, len(held_out), config, reference, model.return_range(horizon))
+                              config.gamma)  # (episodes, networks)
+    return _estimate(float(returns.mean()), resampling_members(returns, config.seed), len(held_out), config,
+                     reference, model.return_range(horizon))
 
 
 def _actor(policy: ModulePolicy, discrete: bool, seed: int):

@@ -19,7 +19,15 @@ from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.config import OPEConfig
-from evaluation.estimators import Episodes, FitReport, Weighted, bootstrap, fit_fqe, log_ratios
+from evaluation.estimators import (
+    Episodes,
+    FitReport,
+    Weighted,
+    bootstrap,
+    fit_fqe,
+    log_ratios,
+    resampling_members,
+)
 from evaluation.ope_validation import (
     KEPT_BEHAVIOUR,
     markdown,
@@ -64,9 +72,9 @@ def estimates(episodes: Episodes, p0: float, config: OPEConfig = CONFIG) -> dict
     a = episodes.arrays
     q = fit_fqe(episodes, policy(p0, len(a[Col.T])), 2, HORIZON, config, lambda *_: None, VECTORS)
     pi = policy(p0, len(a[Col.T]))
-    v = q.values(a[Col.OBS], a[Col.T], pi)
-    weighted = Weighted.of(episodes, log_ratios(episodes, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]), v,
-                           config.gamma)
+    v = q.values(a[Col.OBS], a[Col.T], pi).mean(axis=1)  # the heads' mean, as `orl ope` takes it
+    weighted = Weighted.of(episodes, log_ratios(episodes, pi), q.q(a[Col.OBS], a[Col.T], a[Col.ACTIONS]).mean(axis=1),
+                           v, config.gamma)
     return {"fqe": float(v[episodes.starts].mean()), "wpdis": weighted.wpdis(), "wdr": weighted.wdr()}
 
 
@@ -104,7 +112,7 @@ def test_fqe_stays_within_the_returns_the_rewards_allow_for_actions_the_data_nev
     a = episodes.arrays
     q = fit_fqe(episodes, policy(0.0, len(a[Col.T])), 2, HORIZON, CONFIG, lambda *_: None, VECTORS)
     v = q.values(a[Col.OBS], a[Col.T], policy(0.0, len(a[Col.T])))
-    assert np.all(v >= 0.0) and np.all(v <= HORIZON - a[Col.T] + 1e-4)
+    assert np.all(v >= 0.0) and np.all(v <= (HORIZON - a[Col.T])[:, None] + 1e-4)  # each head's
 
 
 def test_fqe_is_seeded_and_reports_its_progress():
@@ -127,6 +135,29 @@ def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_episodes
     (low_few, high_few), (low_many, high_many) = interval(few), interval(many)
     assert low_few <= few.mean() <= high_few and low_many <= many.mean() <= high_many
     assert high_many - low_many < (high_few - low_few) / 4
+
+
+def test_fqe_heads_fit_their_own_resamples_of_the_episodes():
+    """Each head sees the episodes by its own Poisson(1) weights: the heads are fits of different data, which
+    disagree, and their mean estimates the value; one head is one plain fit."""
+    episodes = logged_episodes(20)
+    a = episodes.arrays
+    pi = policy(0.5, len(a[Col.T]))
+    starts = [fit_fqe(episodes, pi, 2, HORIZON, dataclasses.replace(CONFIG, fqe_heads=heads), lambda *_: None,
+                      VECTORS).values(a[Col.OBS], a[Col.T], pi)[episodes.starts] for heads in (1, 5)]
+    assert [values.shape for values in starts] == [(20, 1), (20, 5)]
+    heads_means = starts[1].mean(axis=0)
+    assert heads_means.std() > 0.005 and heads_means.mean() == pytest.approx(0.5 * HORIZON, abs=0.6)
+
+
+def test_an_ensembles_interval_includes_its_members_spread():
+    """Members that agree on every episode's ordering but not on the level: resampling episodes alone would give an
+    interval of about nothing; resampling members with them gives their spread."""
+    rng = np.random.default_rng(0)
+    values = np.linspace(3.0, 5.0, 5)[None, :] + rng.normal(0, 0.01, size=(200, 1))  # (episodes, members)
+    low, high = bootstrap(resampling_members(values, seed=0), len(values), CONFIG)
+    only_episodes = bootstrap(lambda sample: float(values[sample].mean()), len(values), CONFIG)
+    assert only_episodes[1] - only_episodes[0] < 0.01 and high - low > 0.5 and low < values.mean() < high
 
 
 def test_select_keeps_whole_episodes_in_the_order_given():
