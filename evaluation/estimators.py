@@ -205,7 +205,8 @@ def fit_fqe(episodes: Episodes, pi_next: np.ndarray, num_actions: int | None, ho
                                     discrete)
                 y = rewards[rows, None] + discount[rows, None] * bounds.clamp(next_value, t[picked] + 1)
             q_taken = _q_taken(net, _inputs(observations, a[Col.OBS][picked]), now[rows], actions[rows], discrete)
-            loss = (weights[rows] * (q_taken - y) ** 2).mean()
+            w = weights[rows]  # each head's weighted mean: a plain mean would scale each step by its draws' sum
+            loss = ((w * (q_taken - y) ** 2).sum(dim=0) / w.sum(dim=0).clamp(min=1)).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
