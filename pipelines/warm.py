@@ -85,9 +85,12 @@ def warm_server(entry: str, warm_up: str) -> Iterator[dict[str, str]]:
         return
     with tempfile.TemporaryDirectory(prefix="orl-warm-") as directory:
         path = Path(directory) / "socket"
+        # The server ends when this process does, however it ends: its end of this pipe then reads EOF.
+        server_end, owner_end = os.pipe()
         # Its own session: a Ctrl-C at the terminal reaches each run once, through its client.
-        server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", str(path), entry, warm_up],
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        server = subprocess.Popen([sys.executable, "-m", "pipelines.warm", str(path), entry, warm_up, str(server_end)],
+                                  stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[server_end])
+        os.close(server_end)
         try:
             while not path.exists() and server.poll() is None:  # bound at once; runs queue while it imports
                 time.sleep(0.01)
@@ -95,10 +98,13 @@ def warm_server(entry: str, warm_up: str) -> Iterator[dict[str, str]]:
         finally:
             server.terminate()
             server.wait()
+            os.close(owner_end)
 
 
-def serve(path: str, entry: str, warm_up: str) -> None:
-    """Listens at `path`, runs `warm_up`, then forks a supervisor per run of `entry`."""
+def serve(path: str, entry: str, warm_up: str, owner: str) -> None:
+    """Listens at `path`, runs `warm_up`, then forks a supervisor per run of `entry`, until the pipe `owner` (a file
+    descriptor) reads EOF: the process that started the server is gone."""
+    owner_end = int(owner)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -107,10 +113,11 @@ def serve(path: str, entry: str, warm_up: str) -> None:
     # Variables the imports set (Ray's, torch's, MLflow's): a cold run's imports would set them too.
     set_by_imports = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped as they end
-    while True:
+    while owner_end not in select.select([listener, owner_end], [], [])[0]:
         connection, _ = listener.accept()
         if os.fork() == 0:
             listener.close()
+            os.close(owner_end)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _supervise(connection, entry, set_by_imports)
         connection.close()
@@ -145,7 +152,10 @@ def _watch(command: int, connection: socket.socket) -> int:
     """Passes the client's signals on to `command` until it exits; stops it if the client goes. Its exit status."""
     exited = os.pidfd_open(command)
     while exited not in select.select([connection, exited], [], [])[0]:
-        signum = connection.recv(1)
+        try:
+            signum = connection.recv(1)
+        except ConnectionError:
+            signum = b""
         if not signum:  # the client is gone (killed): its command must not run on unwatched
             os.kill(command, signal.SIGTERM)
             if not select.select([exited], [], [], STOP_GRACE_S)[0]:

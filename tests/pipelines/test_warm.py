@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -125,3 +126,15 @@ def test_without_a_server_the_command_runs_cold(workdir, tmp_path):
     _, err = client.communicate(timeout=300)
     assert client.returncode == 2 and err.strip().splitlines()[-1].startswith(f"orl: error: {PROBE_ERROR}")
     assert "pipelines.warm" not in " ".join(probed(workdir)["ancestors"])
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """However its owner ends (here `kill -9`, which no cleanup survives), the server does not outlive it."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time\nfrom pipelines.cli import warm_orl\n"
+                              "with warm_orl() as env:\n    print(env, flush=True)\n    time.sleep(600)"],
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert WARM_SOCKET in owner.stdout.readline()
+    server = psutil.Process(owner.pid).children()[0]
+    owner.kill()
+    owner.wait()
+    server.wait(timeout=120)
