@@ -77,8 +77,8 @@ S3_ENV = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY
           "AWS_SECRET_ACCESS_KEY": f"orl-secret-{secrets.token_hex(12)}", "AWS_DEFAULT_REGION": "us-east-1"}
 os.environ.update(S3_ENV)
 # `ope` params for tests of `orl ope` that check what it writes, not how well it estimates: seconds per run.
-TINY_OPE = {"hidden_layers": [32, 32], "iterations": 5, "updates_per_iteration": 10, "bootstrap_samples": 30,
-            "model_hidden_layers": [32], "model_ensemble": 2, "model_updates": 50}
+TINY_OPE = {"hidden_layers": [32, 32], "iterations": 5, "updates_per_iteration": 10, "fqe_heads": 2,
+            "bootstrap_samples": 30, "model_hidden_layers": [32], "model_ensemble": 2, "model_updates": 50}
 # One file per task (5 episodes), so tests see datasets of several files.
 TINY_COLLECT = CollectConfig(num_collectors=2, envs_per_collector=2, episodes_per_task=5, file_mib=0.001)
 

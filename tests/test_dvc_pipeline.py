@@ -78,7 +78,9 @@ def repo(tmp_path_factory, user_env) -> Path:
     params["train"]["runs"]["bc-corridor-mixed"] = {"algo": "bc", "dataset": "corridor-mixed"}
     params["algos"]["dqn"]["iterations"] = 5
     params["evaluate"]["episodes"] = 10
-    params["ope"].update(TINY_OPE)
+    # FQE iterates over the corridor's whole horizon (30 steps), carrying its rewards back to the first step: only
+    # then do the estimates that `orl select` compares mean something, and FQE's heads agree on them.
+    params["ope"].update(TINY_OPE, iterations=30)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], root, user_env)
     run(["dvc", "init", "-q"], root, user_env)
