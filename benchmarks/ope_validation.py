@@ -4,12 +4,15 @@ For every dataset, candidate policies of spread-out quality: every learner that 
 seed, stopped after a share of params.yaml's iterations and after all of them. Each candidate is scored in the
 environment on the pipeline's evaluation seeds (its true normalized score) and estimated from the dataset alone by
 every estimator that applies, with params.yaml's `ope` settings, as `orl ope` does. Then, per estimator: Spearman
-rank correlation per dataset and pooled, regret@1 and mean absolute error (evaluation/ope_validation.py).
+rank correlation per dataset and pooled, regret@1 and mean absolute error; and what `orl select`'s rule keeps on
+each dataset, against the behaviour policy (evaluation/ope_validation.py).
 
     python -m benchmarks.ope_validation --datasets cartpole-random cartpole-expert cartpole-learned
 
 Reads the quick tour's params.yaml, datasets/ and references/ by default (`make pipeline` makes them); writes
-OUT/ope_validation.{md,json,png}.
+OUT/ope_validation.{md,json,png}. Each candidate's checkpoint and true score are kept under --candidates and reused
+while its dataset and hyper-parameters are the same, so that a change to the estimators is checked by estimating
+alone.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,9 +37,10 @@ from common.errors import UserError
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
-from evaluation.config import ESTIMATORS
+from evaluation.config import ESTIMATORS, EvaluateConfig
 from evaluation.ope import estimate_policy, logged_episodes, split_episodes, undefined_estimators
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
+from evaluation.selection import BEHAVIOUR, Interval
 from pipelines.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,15 +52,18 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", required=True, help="dataset names under --datasets-dir")
     parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
     parser.add_argument("--references", type=Path, default=ROOT / "references")
+    parser.add_argument("--algos", nargs="+", help="learners to train candidates with (default: every one that fits)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds per learner and budget")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 1.0],
                         help="shares of each learner's params.yaml iterations to stop at (one candidate each)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates",
+                        help="where each candidate's checkpoint and true score are kept for the next run")
     args = parser.parse_args()
 
     params = load_params(args.params)
     start_ray(params.ray.num_cpus)
-    points, candidates = [], []
+    points, candidates, behaviours, truths = [], [], {}, {}
     for name in args.datasets:
         location = dataset.locate(args.datasets_dir / name)
         card = dataset.read_card(location)
@@ -69,40 +76,63 @@ def main() -> None:
         estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
         algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS
-        for algo in algos:
+        for algo in [a for a in algos if not args.algos or a in args.algos]:
             for seed in args.seeds:
                 for budget in args.budgets:
                     base = params.algos.get(algo).for_dataset(name)
                     algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
                     label = f"{algo}-{name} seed {seed} x{budget:g}"
                     started = time.monotonic()
-                    with tempfile.TemporaryDirectory() as tmp:
-                        checkpoint = Path(tmp) / "checkpoint"
-                        train_ours(algo, algo_params, Path(location.uri), seed, checkpoint)
-                        acting = PolicyConfig(kind="model", model=str(checkpoint), greedy=True)  # as evaluated
-                        returns = rollout_returns(card.env, acting, params.evaluate.seed, params.evaluate.episodes,
-                                                  params.evaluate.num_workers, label=f"evaluate {label}").returns
-                        policy = ModulePolicy(load_rl_module(checkpoint), action_space, greedy=acting.greedy)
-                        estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
-                                                    label=label)
-                    truth = normalized_score(float(np.mean(returns)), reference)
-                    found = {k: e["value"] for k, e in estimates["estimates"].items() if "value" in e}
+                    kept = args.candidates / name / f"{algo}-seed{seed}-x{budget:g}"
+                    truth = trained_candidate(kept, card, algo, algo_params, Path(location.uri), seed, reference,
+                                              params.evaluate, label)
+                    policy = ModulePolicy(load_rl_module(kept / "checkpoint"), action_space, greedy=True)
+                    estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
+                                                label=label)
+                    b = estimates[BEHAVIOUR]  # the same for every candidate of the dataset
+                    behaviours[name] = (Interval(b["value"], b["ci_low"], b["ci_high"]), b["value"])
+                    truths.setdefault(name, {})[label] = truth
+                    found = {k: e for k, e in estimates["estimates"].items() if "value" in e}
                     candidates.append({"dataset": name, "algo": algo, "seed": seed, "budget": budget,
-                                       "truth": truth, **found})
-                    points += [{"dataset": name, "estimator": k, "estimate": v, "truth": truth}
-                               for k, v in found.items()]
+                                       "truth": truth, **{k: e["value"] for k, e in found.items()},
+                                       "intervals": {k: [e["ci_low"], e["ci_high"]] for k, e in found.items()}})
+                    points += [{"dataset": name, "run": label, "estimator": k, "estimate": e["value"],
+                                "ci_low": e["ci_low"], "ci_high": e["ci_high"], "truth": truth}
+                               for k, e in found.items()]
                     print(f"[ope validation] {label}: true {truth:.1f}, "
-                          + ", ".join(f"{k} {v:.1f}" for k, v in found.items())
+                          + ", ".join(f"{k} {e['value']:.1f}" for k, e in found.items())
                           + f" ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
 
     summary = ope_validation.validate(points)
-    table = ope_validation.markdown(summary)
+    selection = ope_validation.validate_selection(points, behaviours, truths)
+    table = ope_validation.markdown(summary) + "\n" + ope_validation.selection_markdown(selection)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ope_validation.md").write_text(table)
-    (args.out / "ope_validation.json").write_text(json.dumps({"summary": summary, "candidates": candidates},
-                                                             indent=2))
+    (args.out / "ope_validation.json").write_text(json.dumps({"summary": summary, "selection": selection,
+                                                              "candidates": candidates}, indent=2))
     plots.estimates_against_truth(points, args.out / "ope_validation.png")
     print(table)
+
+
+def trained_candidate(kept: Path, card: dataset.DatasetCard, algo: str, algo_params, dataset_dir: Path, seed: int,
+                      reference: dict, evaluate: EvaluateConfig, label: str) -> float:
+    """The candidate's true normalized score, with its checkpoint under `kept`: trained and evaluated greedily (as
+    `orl ope` estimates it), or read back where a run before kept the same candidate of the same data."""
+    data = {k: getattr(card, k) for k in ("seed", "episodes", "transitions", "returns", "behavior_policy")}
+    key = {"dataset": data, "algo": algo, "params": dataclasses.asdict(algo_params), "seed": seed,
+           "evaluate": dataclasses.asdict(evaluate)}
+    record = kept / "truth.json"
+    if record.exists() and json.loads(record.read_text())["key"] == json.loads(json.dumps(key)):
+        return json.loads(record.read_text())["truth"]
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    train_ours(algo, algo_params, dataset_dir, seed, kept / "checkpoint")
+    acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=True)
+    returns = rollout_returns(card.env, acting, evaluate.seed, evaluate.episodes, evaluate.num_workers,
+                              label=f"evaluate {label}").returns
+    truth = normalized_score(float(np.mean(returns)), reference)
+    record.write_text(json.dumps({"key": key, "truth": truth}, indent=2))
+    return truth
 
 
 if __name__ == "__main__":
