@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds per learner and budget")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 1.0],
                         help="shares of each learner's params.yaml iterations to stop at (one candidate each)")
+    parser.add_argument("--temperature", type=float,
+                        help="validate softmax versions of the candidates (orl ope --temperature): evaluated and "
+                             "estimated sampling from softmax(logits / T)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates",
                         help="where each candidate's checkpoint and true score are kept for the next run")
@@ -84,9 +87,12 @@ def main() -> None:
                     label = f"{algo}-{name} seed {seed} x{budget:g}"
                     started = time.monotonic()
                     kept = args.candidates / name / f"{algo}-seed{seed}-x{budget:g}"
-                    truth = trained_candidate(kept, card, algo, algo_params, Path(location.uri), seed, reference,
-                                              params.evaluate, label)
-                    policy = ModulePolicy(load_rl_module(kept / "checkpoint"), action_space, greedy=True)
+                    acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=args.temperature is None,
+                                          temperature=args.temperature)  # as `orl ope` estimates it
+                    truth = trained_candidate(kept, card, algo, algo_params, Path(location.uri), seed, acting,
+                                              reference, params.evaluate, label)
+                    policy = ModulePolicy(load_rl_module(kept / "checkpoint"), action_space, acting.greedy,
+                                          acting.temperature)
                     estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
                                                 label=label)
                     b = estimates[BEHAVIOUR]  # the same for every candidate of the dataset
@@ -115,19 +121,19 @@ def main() -> None:
 
 
 def trained_candidate(kept: Path, card: dataset.DatasetCard, algo: str, algo_params, dataset_dir: Path, seed: int,
-                      reference: dict, evaluate: EvaluateConfig, label: str) -> float:
-    """The candidate's true normalized score, with its checkpoint under `kept`: trained and evaluated greedily (as
-    `orl ope` estimates it), or read back where a run before kept the same candidate of the same data."""
+                      acting: PolicyConfig, reference: dict, evaluate: EvaluateConfig, label: str) -> float:
+    """The candidate's true normalized score, acting as `acting` says, with its checkpoint under `kept`: trained
+    and evaluated, or read back where a run before kept the same candidate of the same data."""
     data = {k: getattr(card, k) for k in ("seed", "episodes", "transitions", "returns", "behavior_policy")}
-    key = {"dataset": data, "algo": algo, "params": dataclasses.asdict(algo_params), "seed": seed,
-           "evaluate": dataclasses.asdict(evaluate)}
-    record = kept / "truth.json"
-    if record.exists() and json.loads(record.read_text())["key"] == json.loads(json.dumps(key)):
+    key = json.loads(json.dumps({"dataset": data, "algo": algo, "params": dataclasses.asdict(algo_params),
+                                 "seed": seed, "evaluate": dataclasses.asdict(evaluate)}))  # as a record reads back
+    record = kept / ("truth.json" if acting.greedy else f"truth-softmax-{acting.temperature:g}.json")
+    if not any(json.loads(r.read_text())["key"] == key for r in kept.glob("truth*.json")):  # not trained as asked
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        train_ours(algo, algo_params, dataset_dir, seed, kept / "checkpoint")
+    elif record.exists():
         return json.loads(record.read_text())["truth"]
-    shutil.rmtree(kept, ignore_errors=True)
-    kept.mkdir(parents=True)
-    train_ours(algo, algo_params, dataset_dir, seed, kept / "checkpoint")
-    acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=True)
     returns = rollout_returns(card.env, acting, evaluate.seed, evaluate.episodes, evaluate.num_workers,
                               label=f"evaluate {label}").returns
     truth = normalized_score(float(np.mean(returns)), reference)

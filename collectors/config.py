@@ -29,6 +29,10 @@ class PolicyConfig:
     """For `model`: a `orl train` checkpoint directory, or an MLflow model URI (models:/NAME@ALIAS, runs:/...)."""
     greedy: bool = False
     """For `model`: take the most likely action instead of sampling from the policy."""
+    temperature: float | None = None
+    """For `model` over Discrete actions, not greedy: sample from softmax(logits / temperature) instead of the
+    policy's own distribution; the Q-values of DQN and CQL serve as logits (Boltzmann exploration around a greedy
+    policy). Lower is closer to greedy."""
     action_noise: float = 0.0
     """For `callable` on continuous actions: standard deviation of Gaussian noise added to the controller's
     action, as a fraction of half the action range, then clipped to the bounds. The data then shows the
@@ -49,6 +53,9 @@ class PolicyConfig:
             raise ValueError(f"action_noise applies to kind 'callable' (a mixture's `base`), not '{self.kind}'")
         if not 0.0 <= self.random_episodes <= 1.0:
             raise ValueError(f"random_episodes {self.random_episodes} is out of range; use a value in [0, 1]")
+        if self.temperature is not None and (self.kind != "model" or self.greedy or self.temperature <= 0):
+            raise ValueError(f"temperature {self.temperature} applies to kind 'model' sampling its actions (greedy: "
+                             "false), and must be positive")
         if self.kind == "model" and not self.model:
             raise ValueError("kind 'model' needs `model`: a checkpoint directory or an MLflow model URI")
         if self.kind == "callable" and ":" not in self.callable:

@@ -182,5 +182,10 @@ def build_policy(config: PolicyConfig, env: gym.Env) -> Policy:
     if config.kind == "mixture":
         return MixturePolicy(build_policy(config.base, env), env.action_space, config.epsilon)
     if is_mlflow_uri(config.model):
+        if config.temperature is not None:
+            raise UserError(f"temperature applies to an `orl train` checkpoint, not to {config.model}, whose MLflow "
+                            "model serves its greedy actions; name the run's checkpoint directory")
         return MLflowPolicy(config.model, env.action_space)
-    return ModulePolicy(load_rl_module(config.model), env.action_space, config.greedy)
+    if config.temperature is not None and not isinstance(env.action_space, gym.spaces.Discrete):
+        raise UserError(f"temperature applies to Discrete actions; {config.model} acts in {env.action_space}")
+    return ModulePolicy(load_rl_module(config.model), env.action_space, config.greedy, config.temperature)

@@ -22,14 +22,19 @@ MODULE_SUBDIR = Path("learner_group", "learner", "rl_module", "default_policy")
 
 
 class ModulePolicy:
-    """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy."""
+    """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy. With a
+    `temperature` (Discrete actions) it samples from softmax(logits / temperature) instead: a stochastic version of a
+    greedy policy, the Q-values of DQN and CQL serving as logits."""
 
-    def __init__(self, module, action_space: gym.Space, greedy: bool):
+    def __init__(self, module, action_space: gym.Space, greedy: bool, temperature: float | None = None):
         from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
 
+        if temperature is not None and (greedy or not isinstance(action_space, gym.spaces.Discrete)):
+            raise ValueError("a temperature applies to a policy sampling Discrete actions")
         self.module = module
         self.space = action_space
         self.greedy = greedy
+        self.temperature = temperature
         self.model_input = ModelInput.of_module(module)  # None: vectors, taken as they are
         # Its distribution over discrete actions; a Box's clipped samples have no density.
         self.with_logp = isinstance(action_space, gym.spaces.Discrete)
@@ -51,7 +56,7 @@ class ModulePolicy:
     def probabilities(self, obs: np.ndarray) -> np.ndarray:
         """Each row's probability of every action of a Discrete space, as `act` chooses: 1 on the most likely
         action when greedy (off-policy evaluation weighs logged actions by it)."""
-        logp_all = _log_softmax(self.distribution_inputs(obs))
+        logp_all = self._log_probabilities(self.distribution_inputs(obs))
         if self.greedy:
             return np.eye(self.space.n, dtype=np.float64)[logp_all.argmax(axis=1)]
         return np.exp(logp_all)
@@ -59,7 +64,7 @@ class ModulePolicy:
     def act(self, obs, rngs, envs):
         inputs = self.distribution_inputs(obs)
         if isinstance(self.space, gym.spaces.Discrete):
-            logp_all = _log_softmax(inputs)
+            logp_all = self._log_probabilities(inputs)
             if self.greedy:  # deterministic: the chosen action has probability 1
                 actions = logp_all.argmax(axis=1)
                 return actions, np.zeros(len(actions), dtype=np.float32)
@@ -78,6 +83,10 @@ class ModulePolicy:
             mean = self.space.low + (np.tanh(mean) + 1.0) / 2.0 * (self.space.high - self.space.low)
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None
+
+
+    def _log_probabilities(self, logits: np.ndarray) -> np.ndarray:
+        return _log_softmax(logits if self.temperature is None else logits / self.temperature)
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

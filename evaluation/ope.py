@@ -35,8 +35,17 @@ POLICY_CHUNK = 65_536
 
 # Why an estimate that applies gave no number: the report's cell for it.
 DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range", "unreliable"
+# The MLflow tag of estimates made of a softmax version of the run's policy (`orl ope --temperature`): `orl select`
+# passes over them, since the run's registered model serves the policy itself.
+TEMPERATURE_TAG = "ope.temperature"
 # An estimate's value and interval, as ope.json holds them; the MLflow metrics `mlflow_metrics` names carry them.
 ESTIMATE_KEYS = ("value", "ci_low", "ci_high")
+
+
+def policy_name(sampled: bool, temperature: float | None = None) -> str:
+    """How the estimated policy acts, as ope.json's `policy` and the MLflow tag `ope.policy` name it: the report
+    sets an estimate beside a true score only where `orl evaluate` ran the same policy."""
+    return f"softmax at temperature {temperature:g}" if temperature is not None else "sampled" if sampled else "greedy"
 
 
 def mlflow_metrics(estimator: str) -> tuple[str, str, str]:
@@ -45,9 +54,11 @@ def mlflow_metrics(estimator: str) -> tuple[str, str, str]:
 
 
 def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, config: OPEConfig,
-        evaluate_config: EvaluateConfig, estimators: list[str] | None = None) -> dict:
+        evaluate_config: EvaluateConfig, estimators: list[str] | None = None, temperature: float | None = None) -> dict:
     """Estimates the run's policy on the dataset with `estimators` (default: every one that applies, the others
-    recorded as undefined, with why); writes RUN/ope.json and logs `ope/NAME` metrics to the run's MLflow run."""
+    recorded as undefined, with why); writes RUN/ope.json and logs `ope/NAME` metrics to the run's MLflow run. With
+    a `temperature`, the policy estimated samples from softmax(logits / temperature) (Discrete actions): importance
+    weights then live on every logged action, where a greedy policy's die at the first one it would not take."""
     run = RunDir(Path(run_dir))
     if not run.run_info.is_file():
         raise UserError(f"{run.run_info} is missing: {run.path} is not a finished `orl train` run")
@@ -64,20 +75,24 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
     if reference is not None and CEILING not in reference:  # no normalized score: estimates are returns
         reference = None
 
-    sampled = evaluate_config.sample_actions and info["policy_is_distribution"]
-    policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled)
+    if temperature is not None and not isinstance(card.spaces[1], gym.spaces.Discrete):
+        raise UserError(f"--temperature applies to Discrete actions; {location}'s are {card.spaces[1]}")
+    sampled = temperature is not None or evaluate_config.sample_actions and info["policy_is_distribution"]
+    policy = ModulePolicy(load_rl_module(run.checkpoint), card.spaces[1], greedy=not sampled, temperature=temperature)
     fit, held_out = split_episodes(logged_episodes(location, card), config)
     tracking.connect()  # an unreachable tracking server or a lost run fails before the fitting
     tracking.require_run(info["mlflow_run_id"], run.run_info)
     estimated = (estimate_policy(policy, card, fit, held_out, reference, config, wanted, label=f"ope {run.path.name}")
                  if wanted else {"dataset": card.name, "units": "normalized score" if reference else "return",
                                  "estimates": {}})
-    output = {"dataset_path": location.uri, "policy": "sampled" if sampled else "greedy", **estimated}
+    output = {"dataset_path": location.uri, "policy": policy_name(sampled, temperature), **estimated}
     results, behaviour = output["estimates"], output.get(BEHAVIOUR)
     results.update({name: {"undefined": reason} for name, reason in undefined.items()
                     if estimators is None or name in estimators})
     write_json(run.ope_metrics, output)
-    with mlflow.start_run(run_id=info["mlflow_run_id"]):
+    with mlflow.start_run(run_id=info["mlflow_run_id"]) as active:
+        if temperature is None and TEMPERATURE_TAG in active.data.tags:  # these estimates replace a softmax's
+            mlflow.delete_tag(TEMPERATURE_TAG)
         mlflow.log_metrics({metric: r.get(key, math.nan) for name, r in results.items()
                             if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
                             for metric, key in zip(mlflow_metrics(name), ESTIMATE_KEYS)}
@@ -85,6 +100,7 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                            | ({metric: behaviour[key] for metric, key in zip(mlflow_metrics(BEHAVIOUR), ESTIMATE_KEYS)}
                               if behaviour else {}))
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
+                         **({TEMPERATURE_TAG: temperature} if temperature is not None else {}),
                          **{f"ope.{name}": r["undefined"] for name, r in results.items() if "undefined" in r}})
         mlflow.log_artifact(str(run.ope_metrics), "ope")
     for name, r in (results | ({f"{BEHAVIOUR} policy": behaviour} if behaviour else {})).items():
@@ -164,10 +180,11 @@ def select(dataset_name: str, estimator: str) -> dict:
     metric, lower, upper = mlflow_metrics(estimator)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
-    candidates = [r for r in runs if _interval(r.data.metrics, estimator).finite]
+    candidates = [r for r in runs if _interval(r.data.metrics, estimator).finite and TEMPERATURE_TAG not in r.data.tags]
     if not candidates:
-        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} "
-                        f"(tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first")
+        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} of its "
+                        f"own policy (tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first, "
+                        "without --temperature")
     client = mlflow.MlflowClient()
     versions = {r.info.run_id: client.search_model_versions(f"run_id = '{r.info.run_id}'") for r in candidates}
     runs_by_id = {r.info.run_id: r for r in candidates if versions[r.info.run_id]}

@@ -11,6 +11,7 @@ from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
 from evaluation import ope_validation
+from evaluation.ope import policy_name
 from evaluation.references import no_score_reason, normalized_score, reference_path
 from evaluation.selection import BEHAVIOUR as BEHAVIOUR_ESTIMATE
 from evaluation.selection import Interval
@@ -77,7 +78,9 @@ def off_policy_estimates(runs_dir: Path) -> tuple[list[dict], list[dict], dict[s
             continue
         ope = json.loads(run.ope_metrics.read_text())
         evaluated = json.loads(run.eval_metrics.read_text()) if run.eval_metrics.is_file() else {}
-        truth = evaluated.get("normalized_score")
+        # A true score of the policy estimated: a softmax version of it (`orl ope --temperature`) was not evaluated.
+        same_policy = ope.get("policy") == policy_name(evaluated.get("sampled_actions", False))
+        truth = evaluated.get("normalized_score") if same_policy else None
         # A number, or why an estimator that applies gave none (e.g. "did not converge").
         estimates = {name: e.get("value", e.get("status")) for name, e in ope["estimates"].items()}
         rows.append({"run": path.name, "dataset": ope["dataset"], "units": ope["units"], "truth": truth, **estimates})

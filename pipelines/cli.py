@@ -9,6 +9,7 @@ evaluation.ope.*, evaluation.report.report, dataset_format for `orl datasets`, i
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -87,10 +88,21 @@ def cmd_evaluate(args, params: Params) -> None:
     evaluate(args.run_dir, args.references, params.evaluate)
 
 
+def positive_float(text: str) -> float:
+    """An argument that must be a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
 def cmd_ope(args, params: Params) -> None:
     from evaluation.ope import ope
 
-    ope(args.run_dir, args.dataset, args.references, params.ope, params.evaluate, args.estimators)
+    ope(args.run_dir, args.dataset, args.references, params.ope, params.evaluate, args.estimators, args.temperature)
 
 
 def cmd_select(args, params: None) -> None:
@@ -205,6 +217,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--references", type=Path, default=Path("references"))
     p.add_argument("--estimators", nargs="+", choices=ESTIMATORS,
                    help="default: every estimator that applies (the others are recorded as undefined, with why)")
+    p.add_argument("--temperature", type=positive_float,
+                   help="estimate a softmax version of the policy instead, sampling from softmax(logits / T) over "
+                        "Discrete actions (the Q-values of DQN and CQL as logits); orl select passes over it")
     p.set_defaults(handler=cmd_ope)
 
     p = sub.add_parser("select", help="point the registry alias DATASET-ope-best at the best run by an estimate")

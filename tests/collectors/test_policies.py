@@ -230,3 +230,33 @@ def test_build_policy_builds_each_kind(tmp_path, monkeypatch, tracking_uri):
     tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(UserError, match="cannot load MLflow model 'models:/CartPole-v1-bc@newest'"):
         build_policy(PolicyConfig(kind="model", model="models:/CartPole-v1-bc@newest"), env)
+
+
+@pytest.mark.parametrize("algo", ["bc", "dqn"])
+def test_a_temperature_samples_softmax_of_the_logits_or_q_values_over_them(algo, tmp_path):
+    """The softmax version of a policy (behaviour kind model, `orl ope --temperature`): its probabilities are
+    softmax(logits / T), a DQN's Q-values as logits; its samples follow them and report their log-probabilities."""
+    from ray.rllib.algorithms.bc import BCConfig
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    env = make_env("CartPole-v1")
+    observation_space, action_space = env_spaces("CartPole-v1")
+    config = {"bc": BCConfig, "dqn": DQNConfig}[algo]().environment(observation_space=observation_space,
+                                                                     action_space=action_space)
+    config.get_rl_module_spec().build().save_to_path(tmp_path / "module")
+    obs = observations("CartPole-v1", 4)
+    own = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module")), env)
+    logits = own.distribution_inputs(obs)
+    for temperature in (0.5, 3.0):
+        policy = build_policy(PolicyConfig(kind="model", model=str(tmp_path / "module"), temperature=temperature),
+                              env)
+        expected = np.exp(logits / temperature) / np.exp(logits / temperature).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(policy.probabilities(obs), expected, rtol=1e-5)
+        rows = np.repeat(obs[:1], 4000, axis=0)
+        actions, logp = policy.act(rows, rngs(4000), [None] * 4000)
+        assert abs(np.mean(actions == 1) - expected[0, 1]) < 0.03
+        np.testing.assert_allclose(np.exp(logp), expected[0, actions], rtol=1e-5)
+    with pytest.raises(ValueError, match="temperature -1.0 applies to kind 'model' sampling its actions"):
+        PolicyConfig(kind="model", model="runs/x/checkpoint", temperature=-1.0)
+    with pytest.raises(ValueError, match="temperature 1.0 applies to kind 'model' sampling its actions"):
+        PolicyConfig(kind="model", model="runs/x/checkpoint", greedy=True, temperature=1.0)

@@ -173,6 +173,30 @@ def test_importance_weights_that_leave_too_few_effective_episodes_give_unreliabl
     run_id = json.loads((project / "runs" / "bc" / "run.json").read_text())["mlflow_run_id"]
     assert math.isnan(tracking(project).get_run(run_id).data.metrics["ope/wpdis"])
 
+def test_a_softmax_version_of_the_policy_is_estimated_where_asked_and_orl_select_passes_it_over(project, estimated):
+    """`orl ope --temperature`: a stochastic DQN (softmax over its Q-values) gives importance sampling weights on
+    every logged action, where the greedy DQN's are 0 from its first disagreement; its estimates are tagged, and
+    `orl select` ranks only estimates of the runs' own policies. Estimating the own policy again clears the tag."""
+    client = tracking(project)
+    run_id = json.loads((project / "runs" / "dqn" / "run.json").read_text())["mlflow_run_id"]
+    result = orl("ope", "runs/dqn", "--dataset", f"datasets/{DATASET}", "--temperature", "2", cwd=project)
+    assert result.returncode == 0, result.stderr[-3000:]
+    softmax = json.loads((project / "runs" / "dqn" / "ope.json").read_text())
+    assert softmax["policy"] == "softmax at temperature 2" and estimated["dqn"]["policy"] == "greedy"
+    assert softmax["estimates"]["dr"]["effective_episodes"] > 0
+    assert client.get_run(run_id).data.tags["ope.temperature"] == "2.0"
+    selected = orl("select", "--dataset", DATASET, "--by", "fqe", cwd=project)
+    assert f"] bc-{DATASET}: ope/fqe " in selected.stderr and f"] dqn-{DATASET}: " not in selected.stderr
+    refused = orl("ope", "runs/dqn", "--dataset", f"datasets/{DATASET}", "--temperature", "0", cwd=project)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "argument --temperature: '0' is not a positive number")
+
+    again = orl("ope", "runs/dqn", "--dataset", f"datasets/{DATASET}", cwd=project)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ope.temperature" not in client.get_run(run_id).data.tags
+    assert json.loads((project / "runs" / "dqn" / "ope.json").read_text())["policy"] == "greedy"
+
+
 def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier_estimate(project, estimated,
                                                                                          monkeypatch):
     """Last in this module: it leaves NaN over the DQN run's earlier estimates, as it must."""

@@ -111,14 +111,18 @@ def test_data_without_a_simulator_is_reported_by_its_estimates(expert_dataset, r
 
 def test_the_report_checks_the_selection_rule_against_the_true_scores(expert_dataset, references, tmp_path):
     """Evaluated runs with `orl ope` estimates: the report says what `orl select`'s rule keeps on the dataset and
-    its regret, in the summary and in selection.json."""
+    its regret, in the summary and in selection.json. An estimate of another policy than the one evaluated (a
+    softmax version, `orl ope --temperature`) gets no true score, and the check leaves it out."""
     runs = tmp_path / "runs"
     behaviour = {"value": 99.0, "ci_low": 98.0, "ci_high": 100.0}  # the expert dataset's logged returns
-    for algo, returns, interval in (("bc", [500.0], (95.0, 99.5)), ("dqn", [120.0], (60.0, 80.0))):
+    for algo, returns, interval, policy in (("bc", [500.0], (95.0, 99.5), "greedy"),
+                                            ("dqn", [120.0], (60.0, 80.0), "greedy"),
+                                            ("marwil", [500.0], (100.5, 101.0), "softmax at temperature 1")):
         run = fake_run(runs, f"{algo}-cartpole-expert", algo, expert_dataset, returns)
         write_json(run.ope_metrics, {"dataset": "cartpole-expert", "units": "normalized score", "behaviour": behaviour,
-                                     "estimates": {"fqe": {"value": sum(interval) / 2, "ci_low": interval[0],
-                                                           "ci_high": interval[1]}}})
+                                     "policy": policy, "estimates": {"fqe": {"value": sum(interval) / 2,
+                                                                             "ci_low": interval[0],
+                                                                             "ci_high": interval[1]}}})
 
     summary = report(runs, references, tmp_path / "reports").read_text()
 
@@ -127,3 +131,4 @@ def test_the_report_checks_the_selection_rule_against_the_true_scores(expert_dat
     kept = selection["datasets"]["cartpole-expert"]
     assert kept["kept"] == BEHAVIOUR and kept["best"] == "bc-cartpole-expert" and kept["best_truth"] == 96.0
     assert f"| fqe | cartpole-expert | {BEHAVIOUR} | {kept['kept_truth']:.1f} | bc-cartpole-expert (96.0) |" in summary
+    assert "| marwil-cartpole-expert | cartpole-expert | - | 100.8 |" in summary
