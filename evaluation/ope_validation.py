@@ -3,7 +3,8 @@ policies, per dataset and pooled.
 
 - Spearman rank correlation: does the estimator order the policies as the environment does?
 - Regret@1: (true score of the best policy - true score of the policy the estimator ranks first) / (the best's
-  true score - the worst's), in [0, 1]: 0 when the estimator picks the best policy, 1 when it picks the worst.
+  true score - the worst's), in [0, 1]: 0 when the estimator picks the best policy, 1 when it picks the worst;
+  averaged over the policies that share the highest estimate, where several do.
 - Mean absolute error, in the estimates' units.
 
 Where every policy of a dataset has the same true score, nothing can be ranked: Spearman and regret@1 are None
@@ -30,8 +31,10 @@ def spearman(estimates: list[float], truths: list[float]) -> float | None:
 
 
 def regret_at_1(estimates: list[float], truths: list[float]) -> float | None:
-    """In [0, 1]; None where the truths are all equal."""
-    return _regret(truths[int(np.argmax(estimates))], truths)
+    """In [0, 1]; None where the truths are all equal. Where several policies share the highest estimate (values
+    held at a bound give such ties), the mean over them: the regret of a pick among them at random."""
+    top = np.flatnonzero(np.asarray(estimates) == np.max(estimates))
+    return _regret(float(np.mean(np.asarray(truths)[top])), truths)
 
 
 def _regret(chosen: float, truths: list[float]) -> float | None:

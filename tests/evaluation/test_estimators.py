@@ -175,6 +175,9 @@ def test_validation_metrics():
     assert regret_at_1([0.0, 1.0, 5.0], [100.0, 50.0, 80.0]) == pytest.approx(0.4)  # 80 of 50..100
     assert regret_at_1([9.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == 0.0
     assert regret_at_1([3.0, 1.0], [-10.0, -50.0]) == 0.0 and regret_at_1([1.0, 3.0], [-10.0, -50.0]) == 1.0
+    # Tied at the top (estimates held at a bound): a pick among them at random, whichever comes first.
+    assert regret_at_1([5.0, 5.0, 1.0], [100.0, 50.0, 80.0]) == pytest.approx(0.5)
+    assert regret_at_1([5.0, 5.0, 1.0], [50.0, 100.0, 80.0]) == pytest.approx(0.5)
     points = [{"dataset": d, "estimator": "fqe", "estimate": e, "truth": t}
               for d, e, t in [("a", 1, 10), ("a", 2, 20), ("b", 5, 40), ("b", 4, 30)]]
     summary = validate(points)["fqe"]
