@@ -28,7 +28,7 @@ from evaluation.config import DR, ESTIMATORS, FQE, MODEL, WPDIS, EvaluateConfig,
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios, resampling_members
 from evaluation.model_based import fit_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
-from evaluation.selection import BEHAVIOUR, Interval, rank_by_lower_bound, stands_above
+from evaluation.selection import BEHAVIOUR, Interval, policy_name, rank_by_lower_bound, stands_above
 
 # Rows of observations the policy sees at once: bounds memory on large datasets.
 POLICY_CHUNK = 65_536
@@ -40,12 +40,6 @@ DID_NOT_CONVERGE, OUT_OF_RANGE, UNRELIABLE = "did not converge", "out of range",
 TEMPERATURE_TAG = "ope.temperature"
 # An estimate's value and interval, as ope.json holds them; the MLflow metrics `mlflow_metrics` names carry them.
 ESTIMATE_KEYS = ("value", "ci_low", "ci_high")
-
-
-def policy_name(sampled: bool, temperature: float | None = None) -> str:
-    """How the estimated policy acts, as ope.json's `policy` and the MLflow tag `ope.policy` name it: the report
-    sets an estimate beside a true score only where `orl evaluate` ran the same policy."""
-    return f"softmax at temperature {temperature:g}" if temperature is not None else "sampled" if sampled else "greedy"
 
 
 def mlflow_metrics(estimator: str) -> tuple[str, str, str]:

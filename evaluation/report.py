@@ -11,10 +11,9 @@ from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
 from evaluation import ope_validation
-from evaluation.ope import policy_name
 from evaluation.references import no_score_reason, normalized_score, reference_path
 from evaluation.selection import BEHAVIOUR as BEHAVIOUR_ESTIMATE
-from evaluation.selection import Interval
+from evaluation.selection import Interval, policy_name
 
 BEHAVIOUR = "behaviour policy"
 # The results table's place when no run was evaluated in an env (data without a simulator): the estimates remain.

@@ -1,5 +1,6 @@
 """The rule `orl select` picks a policy by, from off-policy estimates alone; the report validates it against the
-true scores of runs that were evaluated in their env (docs/ope.md)."""
+true scores of runs that were evaluated in their env (docs/ope.md). Also the names ope.json gives the behaviour
+policy and the policy estimated, which `orl ope` writes and the report reads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from dataclasses import dataclass
 # The behaviour policy's value (the mean logged return of the episodes estimated on): its key in ope.json and its
 # MLflow metric, `ope/behaviour`. The rule picks no policy that the data cannot tell from it.
 BEHAVIOUR = "behaviour"
+
+
+def policy_name(sampled: bool, temperature: float | None = None) -> str:
+    """How the estimated policy acts, as ope.json's `policy` and the MLflow tag `ope.policy` name it: the report
+    sets an estimate beside a true score only where `orl evaluate` ran the same policy."""
+    return f"softmax at temperature {temperature:g}" if temperature is not None else "sampled" if sampled else "greedy"
 
 
 @dataclass(frozen=True)
