@@ -128,12 +128,13 @@ def trained_candidate(kept: Path, card: dataset.DatasetCard, algo: str, algo_par
     key = json.loads(json.dumps({"dataset": data, "algo": algo, "params": dataclasses.asdict(algo_params),
                                  "seed": seed, "evaluate": dataclasses.asdict(evaluate)}))  # as a record reads back
     record = kept / ("truth.json" if acting.greedy else f"truth-softmax-{acting.temperature:g}.json")
-    if not any(json.loads(r.read_text())["key"] == key for r in kept.glob("truth*.json")):  # not trained as asked
+    kept_records = {r: json.loads(r.read_text()) for r in kept.glob("truth*.json")}
+    if not any(r["key"] == key for r in kept_records.values()):  # not trained as asked
         shutil.rmtree(kept, ignore_errors=True)
         kept.mkdir(parents=True)
         train_ours(algo, algo_params, dataset_dir, seed, kept / "checkpoint")
-    elif record.exists():
-        return json.loads(record.read_text())["truth"]
+    elif record in kept_records:
+        return kept_records[record]["truth"]
     returns = rollout_returns(card.env, acting, evaluate.seed, evaluate.episodes, evaluate.num_workers,
                               label=f"evaluate {label}").returns
     truth = normalized_score(float(np.mean(returns)), reference)
