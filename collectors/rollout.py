@@ -178,11 +178,21 @@ def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks
     pool_size = min(num_collectors, len(tasks))
     queued = max(1, min(8, len(tasks) // (4 * pool_size)))
     collectors = ray.data.ActorPoolStrategy(size=pool_size, max_tasks_in_flight_per_actor=queued)
-    return ray.data.from_items([{TASK_EPISODES: task} for task in tasks], override_num_blocks=len(tasks)).map_batches(
-        type(label, (EpisodeRunner,), {}), fn_constructor_args=(env, policy_config, seed, num_envs, progress),
-        batch_size=1,
-        batch_format="pyarrow", compute=collectors, num_cpus=1,
-        **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
+    # Each task's episodes stay one block, which files are cut between, so that every file holds whole episodes.
+    # Ray Data slices a block of over 1.5x target_max_block_size (128 MiB): a task of four Pong episodes, 56 KiB
+    # of frames per transition, came out as two blocks, the first ending mid-episode. The dataset seals the
+    # setting as it is made.
+    context = ray.data.DataContext.get_current()
+    block_size, context.target_max_block_size = context.target_max_block_size, None
+    try:
+        return ray.data.from_items([{TASK_EPISODES: task} for task in tasks],
+                                   override_num_blocks=len(tasks)).map_batches(
+            type(label, (EpisodeRunner,), {}), fn_constructor_args=(env, policy_config, seed, num_envs, progress),
+            batch_size=1,
+            batch_format="pyarrow", compute=collectors, num_cpus=1,
+            **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
+    finally:
+        context.target_max_block_size = block_size
 
 
 @contextmanager

@@ -7,6 +7,7 @@ import hashlib
 
 import numpy as np
 import pytest
+import ray
 
 import dataset_format as dataset
 from collectors.collect import collect
@@ -109,3 +110,14 @@ def test_tasks_are_combined_in_order_into_files_of_file_mib(expert_dataset, tmp_
     assert [f["rows"] for f in card.files] == [5000, 5000]
     assert len(dataset.read_card(expert_dataset).files) == 4
     assert dataset.load_table(tmp_path / "two").equals(dataset.load_table(expert_dataset))
+
+
+def test_a_task_larger_than_ray_datas_blocks_is_written_as_whole_episodes(ray_local, tmp_path, monkeypatch):
+    # Blocks of 64 KiB stand in for 128 MiB: a task of 5 expert episodes (about 0.15 MiB) is larger than it, as a
+    # task of a few Atari episodes is larger than 128 MiB.
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", 64 * 2**10)
+    spec = DatasetConfig(env="CartPole-v1", episodes=10, seed=3, policy=CARTPOLE_EXPERT)
+    card = collect("cartpole-expert", spec, dataclasses.replace(TINY_COLLECT, file_mib=0.05), tmp_path / "d")
+    assert [f["rows"] for f in card.files] == [2500, 2500]  # a task per file, not a slice of one
+    dataset.validate(tmp_path / "d")  # each file ends its last episode
+    assert ray.data.DataContext.get_current().target_max_block_size == 64 * 2**10  # as it was
