@@ -67,6 +67,10 @@ class LearnerParams:
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
     cluster, where each learner has its own node or GPU. Each reads its share of a dataset held in memory itself; a
     streamed one also needs `map_tasks` CPUs beside theirs."""
+    num_gpus_per_learner: float = 0
+    """GPUs for each learner (RLlib's `num_gpus_per_learner`): with `num_learners` 0, any value above 0 trains on
+    this machine's first GPU; with n learners, each actor takes this share of a GPU on its node. 0 (the default)
+    trains on the CPU. Batches are made on the CPU either way and moved to the GPU per update."""
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other values of these keys for some datasets, by dataset name, e.g. `{lunarlander-medium: {beta: 0.1}}`:
     good values differ between environments (IQL's beta, benchmarks/README.md). DVC tracks the whole section, so
@@ -75,7 +79,7 @@ class LearnerParams:
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
                          "stream_read_ahead_mib", "stream_block_mib", "map_tasks")
-        for name in ("memory_cache_mib", "num_learners"):
+        for name in ("memory_cache_mib", "num_learners", "num_gpus_per_learner"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_layer_sizes(self.hidden_layers)

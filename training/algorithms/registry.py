@@ -185,7 +185,7 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
         )
-        .learners(num_learners=params.num_learners)
+        .learners(num_learners=params.num_learners, num_gpus_per_learner=require_gpus(algo, params))
         .training(train_batch_size_per_learner=params.batch_size)
         # MARWIL's value function keeps its own layers, as in RLlib's MARWIL defaults: its targets are returns
         # on the reward's scale, whose loss would swamp the policy's through a shared encoder.
@@ -197,6 +197,27 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
+
+
+def require_gpus(algo: str, params: LearnerParams) -> float:
+    """`num_gpus_per_learner`, once the GPUs it asks for are there: without them RLlib fails an assert in this
+    process (no learner actors) or its learner actors wait forever for resources."""
+    wanted = params.num_gpus_per_learner
+    if wanted == 0:
+        return wanted
+    import ray
+    import torch
+
+    if params.num_learners == 0:
+        need, have = 1, torch.cuda.device_count()
+        where = f"torch sees {have} in this process"
+    else:
+        need, have = params.num_learners * wanted, ray.cluster_resources().get("GPU", 0)
+        where = f"Ray's cluster has {have:g}"
+    if have < need:
+        raise UserError(f"algos.{algo}.num_gpus_per_learner is {wanted:g} (num_learners {params.num_learners}): "
+                        f"training needs {need:g} GPU, and {where}; set it to 0 to train on the CPU")
+    return wanted
 
 
 def _held_bytes(location: dataset.Location, card: dataset.DatasetCard) -> int:

@@ -1,0 +1,38 @@
+"""rllib_config: what a learner asks of the machine is checked before RLlib builds anything."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from common.errors import UserError
+from pipelines.params import load_params
+from training.algorithms.registry import rllib_config
+from training.config import BCParams
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpus_that_are_not_there_are_refused_in_one_line(mixture_dataset, ray_local):
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, num_gpus_per_learner=1)
+    with pytest.raises(UserError, match=r"^algos\.bc\.num_gpus_per_learner is 1 \(num_learners 0\): training needs 1 "
+                                        r"GPU, and torch sees 0 in this process; set it to 0 to train on the CPU$"):
+        rllib_config("bc", params, mixture_dataset, seed=0)
+    actors = dataclasses.replace(params, num_learners=2, num_gpus_per_learner=0.5)
+    with pytest.raises(UserError, match=r"needs 1 GPU, and Ray's cluster has 0;"):
+        rllib_config("bc", actors, mixture_dataset, seed=0)
+
+
+def test_the_cpu_is_the_default_and_a_gpu_share_is_passed_to_rllib(mixture_dataset, monkeypatch):
+    params = load_params("params.yaml").algos.bc
+    assert params.num_gpus_per_learner == 0
+    assert rllib_config("bc", params, mixture_dataset, seed=0).num_gpus_per_learner == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # as on a machine with one GPU
+    gpu = dataclasses.replace(params, num_gpus_per_learner=1)
+    assert rllib_config("bc", gpu, mixture_dataset, seed=0).num_gpus_per_learner == 1
+
+
+def test_a_negative_gpu_share_is_refused():
+    with pytest.raises(ValueError, match="num_gpus_per_learner must be >= 0, got -1"):
+        BCParams(num_gpus_per_learner=-1)
