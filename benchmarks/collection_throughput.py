@@ -10,6 +10,9 @@ the env's heuristic expert (its ceiling in --params' `references`, else in the f
 examples/controllers.py), and a neural one (an RLlib MLP module, 2 x 256, sampling its actions).
 
     python benchmarks/collection_throughput.py --envs CartPole-v1 LunarLander-v3 --steps 200000
+
+`--envs` also takes the name of a dataset in --params, for its env spec with wrappers (Atari's preprocessing and
+frame stack); the collect settings are --params' too (a few episodes per task for Atari: each is about 50 MiB).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ POLICIES = ("random", "expert", "neural")
 # Typical episode lengths under each policy, to ask `orl collect` for about --steps steps.
 EPISODE_STEPS = {("CartPole-v1", "random"): 22, ("CartPole-v1", "expert"): 500, ("CartPole-v1", "neural"): 22,
                  ("LunarLander-v3", "random"): 95, ("LunarLander-v3", "expert"): 260,
-                 ("LunarLander-v3", "neural"): 95}
+                 ("LunarLander-v3", "neural"): 95, ("ALE/Pong-v5", "random"): 940}
 
 
 def episodes_for(env: EnvSpec, kind: str, steps: int) -> int:
@@ -115,7 +118,9 @@ def orl_collect(env: EnvSpec, policy_config: PolicyConfig, episodes: int, settin
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
-    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"],
+                        help="registered ids, or names of --params' datasets, whose env spec (wrappers included) is "
+                             "taken: a Pong dataset's for Atari frames")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--steps", type=int, default=200_000, help="about this many steps per measurement")
     parser.add_argument("--collectors", type=int, nargs="+", default=None,
@@ -129,7 +134,8 @@ def main() -> None:
             "| orl collect steps/s | ratio (÷ collectors × plain) | ÷ plain loops in parallel |",
             "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as modules:
-        for env in map(EnvSpec.of, args.envs):
+        envs = [params.datasets[name].env if name in params.datasets else EnvSpec.of(name) for name in args.envs]
+        for env in envs:
             for kind in args.policies:
                 if kind == "neural":
                     policy = PolicyConfig(kind="model", model=str(neural_policy_dir(env, Path(modules))))
