@@ -76,6 +76,18 @@ class ModelInput:
             batch = batch * np.float32(self.scale)
         return np.ascontiguousarray(batch)
 
+    def on_tensor(self, images):
+        """`self(images)` for a torch tensor of stored images, computed where the tensor is: training copies frames
+        to a GPU as uint8, a quarter of the bytes of the float32 input, and maps them there."""
+        if len(self.shape) != 3:
+            raise ValueError(f"on_tensor maps images; this input is {self}")
+        batch = images.reshape(len(images), *self.shape).float()
+        if self.channels_first:
+            batch = batch.movedim(1, -1)
+        if self.scale != 1.0:
+            batch = batch * float(np.float32(self.scale))  # the float32 factor `__call__` multiplies by
+        return batch.contiguous()
+
 
 def model_space(space: gym.Space) -> gym.Space:
     """The observation space the network is built for: a vector space as it is; a Discrete one's one-hot vector;

@@ -61,3 +61,14 @@ def test_a_discrete_observation_goes_in_one_hot():
     out = ModelInput.of(space)(np.array([0, 3, 4]))
     np.testing.assert_array_equal(out, np.eye(5, dtype=np.float32)[[0, 3, 4]])
     assert model_space(space) == gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+
+
+@pytest.mark.parametrize("shape", [(4, 12, 10), (12, 10, 3)])
+def test_images_mapped_as_torch_tensors_equal_the_numpy_map_to_the_bit(shape):
+    import torch
+
+    layout = ModelInput.of(gym.spaces.Box(0, 255, shape, np.uint8))
+    stored = np.random.default_rng(0).integers(0, 256, (5, int(np.prod(shape))), dtype=np.uint8)
+    on_tensor = layout.on_tensor(torch.from_numpy(stored))
+    assert on_tensor.dtype == torch.float32 and on_tensor.is_contiguous()
+    np.testing.assert_array_equal(on_tensor.numpy(), layout(stored))
