@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.models.torch.misc import same_padding
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
@@ -63,13 +64,10 @@ def encoder(observations: ModelInput, params: LearnerParams) -> tuple[nn.Sequent
         return nn.Sequential(*layers), width
     height, width, channels = shape
     for out_channels, kernel, stride in params.conv_filters:
-        pads = []
-        for size in (width, height):  # ZeroPad2d takes (left, right, top, bottom)
-            total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-            pads += [total // 2, total - total // 2]
-        layers += [nn.ZeroPad2d(tuple(pads)), nn.Conv2d(channels, out_channels, kernel, stride),
+        padding, (height, width) = same_padding((height, width), kernel, stride)  # RLlib's own
+        layers += [nn.ZeroPad2d(padding), nn.Conv2d(channels, out_channels, kernel, stride),
                    ACTIVATIONS[params.activation]()]
-        height, width, channels = -(-height // stride), -(-width // stride), out_channels
+        channels = out_channels
     return nn.Sequential(*layers, nn.Flatten()), height * width * channels
 
 
