@@ -147,7 +147,7 @@ class BatchPlan:
         return self.to_train_batch(rows, **self.kwargs), frames
 
     def network_batch(self, batch: dict[str, torch.Tensor], frames: dataset.FrameStore,
-                      device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+                      device: torch.device | str) -> dict[str, torch.Tensor]:
         """A batch of `held_batch`'s columns on `device`, its observation ids made the network's input there: the
         frames travel as uint8 and become float32 where the network runs (on a GPU, a quarter of the bytes to copy,
         and the conversion off the CPU)."""
