@@ -1,7 +1,7 @@
 """Training throughput: samples/s of each RLlib offline learner ÷ a plain torch loop, measured in one run.
 
 The plain loop is the ceiling: the same network (an MLP of `hidden_layers` over vectors, the CNN of `conv_filters`
-over frames, RLlib's default heads; the last column counts both networks' parameters), batch size,
+over frames with `hidden_layers` in each head; the last column counts both networks' parameters), batch size,
 optimizer, gradient clipping and loss (MARWIL's value targets bootstrapped at the time limit, as its learner
 does; IQL's three losses, with Polyak-averaged twin target critics), with the whole dataset already in memory as
 tensors and batches drawn by random index. RLlib's number is the steady state (iterations after the first);
@@ -54,7 +54,7 @@ AHEAD_BATCHES = 16
 def encoder(observations: ModelInput, params: LearnerParams) -> tuple[nn.Sequential, int]:
     """The layers before the heads, as RLlib builds them, and their output width: over vectors an MLP of
     `hidden_layers`; over frames (taken channels first here) a CNN of `conv_filters` with RLlib's "same" padding,
-    flattened, whose features go straight to RLlib's heads."""
+    flattened (`head` then gives each output its own `hidden_layers`)."""
     layers, shape = [], observations.input_shape
     if len(shape) == 1:
         width = shape[0]
@@ -69,6 +69,17 @@ def encoder(observations: ModelInput, params: LearnerParams) -> tuple[nn.Sequent
                    ACTIVATIONS[params.activation]()]
         channels = out_channels
     return nn.Sequential(*layers, nn.Flatten()), height * width * channels
+
+
+def head(observations: ModelInput, params: LearnerParams, width: int, outputs: int) -> nn.Sequential:
+    """An output over the encoder's features, as RLlib builds it: one linear layer over vectors; over frames the
+    `hidden_layers` first (registry.py's `head_fcnet_hiddens`)."""
+    layers = []
+    if len(observations.input_shape) > 1:
+        for size in params.hidden_layers:
+            layers += [nn.Linear(width, size), ACTIVATIONS[params.activation]()]
+            width = size
+    return nn.Sequential(*layers, nn.Linear(width, outputs))
 
 
 class PlainLoop:
@@ -88,12 +99,13 @@ class PlainLoop:
         self.done = torch.as_tensor(arrays[Col.TERMINATEDS]).float().to(device)
         n_actions = int(self.actions.max()) + 1
         self.body, width = encoder(self.observations, params)
-        self.heads = nn.ModuleDict({"pi": nn.Linear(width, n_actions), "vf": nn.Linear(width, 1)})
+        self.heads = nn.ModuleDict({"pi": head(self.observations, params, width, n_actions),
+                                    "vf": head(self.observations, params, width, 1)})
         self.critic_body, _ = encoder(self.observations, params)  # MARWIL's value function has its own layers
         self.model = nn.ModuleDict({"body": self.body, "heads": self.heads, "critic_body": self.critic_body})
         if isinstance(params, IQLParams):  # IQL's policy, value function and twin critics, each its own network
             self.model = nn.ModuleDict({name: nn.Sequential(encoder(self.observations, params)[0],
-                                                            nn.Linear(width, out))
+                                                            head(self.observations, params, width, out))
                                         for name, out in (("pi", n_actions), ("vf", 1), ("qf", n_actions),
                                                           ("qf_twin", n_actions))})
         self.model.to(device)

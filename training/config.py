@@ -35,13 +35,13 @@ class LearnerParams:
     updates_per_iteration: int = 20
     """Gradient updates per iteration."""
     hidden_layers: list[int] = field(default_factory=lambda: [256, 256])
-    """Sizes of the policy network's hidden layers."""
+    """Sizes of the policy network's hidden layers: over vectors the whole network; over images those after the
+    CNN, in each head (the Nature DQN's is [512])."""
     activation: str = "relu"
     """Hidden-layer activation: relu, tanh or silu."""
     conv_filters: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
     """For image observations: the CNN encoder's layers, each [channels, kernel, stride] (RLlib's `conv_filters`,
-    with `activation`); the default is the Nature DQN's, for 84x84 frames. The heads after it take RLlib's
-    defaults; `hidden_layers` size the networks on vector observations."""
+    with `activation`); the default is the Nature DQN's, for 84x84 frames. `hidden_layers` follow it."""
     shuffle_buffer: int = 50_000
     """For datasets that stream (see `memory_cache_mib`): transitions held in the buffer that batches are
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer

@@ -161,7 +161,10 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         if isinstance(action_space, gym.spaces.Box):
             raise UserError(f"{algo} on image observations needs discrete actions here: the continuous learners' "
                             "Q-network takes vectors (ConcatQCatalog)")
-        model_config.update(conv_filters=params.conv_filters, conv_activation=params.activation)
+        # Hidden layers between the CNN and each output, as the Nature DQN's 512 units and d3rlpy's pixel encoder:
+        # RLlib's heads are otherwise one linear layer over every feature of the last convolution.
+        model_config.update(conv_filters=params.conv_filters, conv_activation=params.activation,
+                            head_fcnet_hiddens=list(params.hidden_layers), head_fcnet_activation=params.activation)
     if is_mapped(observation_space):
         # A CNN takes channels-last frames in [0, 1], an MLP a Discrete observation one-hot; the module keeps the map,
         # so a loaded policy maps raw observations the same way (common/observations.py).

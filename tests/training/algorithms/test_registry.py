@@ -1,4 +1,5 @@
-"""rllib_config: what a learner asks of the machine is checked before RLlib builds anything."""
+"""rllib_config: what a learner asks of the machine is checked before RLlib builds anything, and the networks it
+asks RLlib for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from common.errors import UserError
 from pipelines.params import load_params
 from training.algorithms.registry import rllib_config
+from tests.conftest import write_frame_stacks
 from training.config import BCParams
 
 
@@ -36,3 +38,17 @@ def test_the_cpu_is_the_default_and_a_gpu_share_is_passed_to_rllib(mixture_datas
 def test_a_negative_gpu_share_is_refused():
     with pytest.raises(ValueError, match="num_gpus_per_learner must be >= 0, got -1"):
         BCParams(num_gpus_per_learner=-1)
+
+
+@pytest.mark.parametrize("algo, heads", [("bc", 1), ("dqn", 2)])  # DQN's dueling heads: advantages and value
+def test_over_frames_each_head_has_the_hidden_layers_after_the_cnn(tmp_path, algo, heads):
+    """As the Nature DQN's 512 units: RLlib's own heads would map every feature of the last convolution straight to
+    the outputs."""
+    frames = write_frame_stacks(tmp_path / "frames", frame_shape=(84, 84))
+    params = dataclasses.replace(getattr(load_params("params.yaml").algos, algo), hidden_layers=[512])
+    module = rllib_config(algo, params, frames, seed=0).get_rl_module_spec().build()
+    linear = {name: tuple(m.weight.shape) for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    features = 64 * 11 * 11  # the Nature DQN's convolutions over 84x84 with RLlib's "same" padding
+    assert sum(shape == (512, features) for shape in linear.values()) == heads
+    for name, shape in linear.items():
+        assert shape in {(512, features), (1, 512), (3, 512)}, name
