@@ -27,6 +27,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 import dataset_format as dataset
 from benchmarks.quality_table import CONTINUOUS_ALGOS, DISCRETE_ALGOS, train_ours
@@ -37,7 +39,9 @@ from common.errors import UserError
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
+from dataset_format import Col
 from evaluation.config import ESTIMATORS, EvaluateConfig
+from evaluation.estimators import Episodes
 from evaluation.ope import estimate_policy, logged_episodes, split_episodes, undefined_estimators
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from evaluation.selection import BEHAVIOUR, Interval
@@ -59,6 +63,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float,
                         help="validate softmax versions of the candidates (orl ope --temperature): evaluated and "
                              "estimated sampling from softmax(logits / T)")
+    parser.add_argument("--train-fraction", type=float,
+                        help="train the candidates on this seeded share of each dataset's episodes and fit and "
+                             "estimate OPE on the others (default: both on every episode, as the pipeline does)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates",
                         help="where each candidate's checkpoint and true score are kept for the next run")
@@ -75,7 +82,14 @@ def main() -> None:
         reference = read_reference(args.references, card.env.label, params.evaluate)
         if CEILING not in reference:  # the truth and the estimates are normalized scores
             raise UserError(f"{name}: {no_score_reason(card.env.label)}")
-        fit, held_out = split_episodes(logged_episodes(location, card), params.ope)
+        episodes = logged_episodes(location, card)
+        training_data, cache = Path(location.uri), args.candidates / name
+        if args.train_fraction:
+            cache = args.candidates / f"{name}-train{args.train_fraction:g}"
+            training_data, episodes = training_split(location, card, episodes, args.train_fraction,
+                                                     params.ope.seed, cache / "dataset")
+        training_card = dataset.read_card(training_data)
+        fit, held_out = split_episodes(episodes, params.ope)
         estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
         algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS
@@ -86,10 +100,10 @@ def main() -> None:
                     algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
                     label = f"{algo}-{name} seed {seed} x{budget:g}"
                     started = time.monotonic()
-                    kept = args.candidates / name / f"{algo}-seed{seed}-x{budget:g}"
+                    kept = cache / f"{algo}-seed{seed}-x{budget:g}"
                     acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=args.temperature is None,
                                           temperature=args.temperature)  # as `orl ope` estimates it
-                    truth = trained_candidate(kept, card, algo, algo_params, Path(location.uri), seed, acting,
+                    truth = trained_candidate(kept, training_card, algo, algo_params, training_data, seed, acting,
                                               reference, params.evaluate, label)
                     policy = ModulePolicy(load_rl_module(kept / "checkpoint"), action_space, acting.greedy,
                                           acting.temperature)
@@ -118,6 +132,25 @@ def main() -> None:
                                                               "candidates": candidates}, indent=2))
     plots.estimates_against_truth(points, args.out / "ope_validation.png")
     print(table)
+
+
+def training_split(location: dataset.Location, card: dataset.DatasetCard, episodes: Episodes, fraction: float,
+                   seed: int, out: Path) -> tuple[Path, Episodes]:
+    """(a dataset at `out` of a seeded `fraction` of the episodes, for the candidates to train on; the other
+    episodes, for OPE): OPE then reads no transition the candidates learned from, as a validation split would."""
+    order = np.random.default_rng(seed).permutation(len(episodes))
+    count = round(fraction * len(episodes))
+    if not 0 < count < len(episodes):
+        raise UserError(f"--train-fraction {fraction} leaves no episode of {card.name}'s {len(episodes)} for "
+                        "training or for OPE")
+    training = np.sort(order[:count])
+    if not out.exists():
+        table = dataset.read_table(location)
+        ids = pa.array(episodes.arrays[Col.EPS_ID][episodes.starts[training]])
+        table = table.filter(pc.is_in(table[Col.EPS_ID], value_set=ids))
+        dataset.write_tables([table], out, dataclasses.replace(card, name=f"{card.name}-train{fraction:g}",
+                                                               episodes=count), file_bytes=2**26)
+    return out, episodes.select(np.sort(order[count:]))
 
 
 def trained_candidate(kept: Path, card: dataset.DatasetCard, algo: str, algo_params, dataset_dir: Path, seed: int,
