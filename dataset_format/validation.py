@@ -85,7 +85,7 @@ def files_checked_against(location: Location, card: DatasetCard,
 
 def _row_groups_checked(location: Location, name: str, expected: pa.Schema, rows: int):
     """The file's row groups as tables, once its schema and row count are checked: memory holds one group
-    (131,072 rows as collected), not the file."""
+    (`writer.row_group_rows` as collected), not the file."""
     file = location.uri_of(name)
     try:
         with location.fs.open_input_file(location.path(name)) as handle:

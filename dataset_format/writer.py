@@ -27,8 +27,11 @@ from dataset_format.validation import files_checked_against
 FILE_PREFIX = "episodes"
 FILE_NAME = re.compile(rf"^{FILE_PREFIX}-\d{{5}}\.parquet$")
 # Row groups of a fixed row count, not one per collector task: readers get groups worth reading, and a file's
-# bytes do not depend on how the work was split.
+# bytes do not depend on how the work was split. Rows of frames come fewer to a group: a group is decoded whole, and
+# one of a task's 224 MB of Pong frames took several times the time and memory of 32 MiB groups to read
+# (benchmarks/README.md, "Atari frames").
 ROW_GROUP_ROWS = 2**17
+ROW_GROUP_BYTES = 32 * 2**20
 
 
 def _ordered_parquet_sink(location: Location, file_bytes: int):
@@ -49,7 +52,8 @@ def _ordered_parquet_sink(location: Location, file_bytes: int):
             return file_bytes
 
         def write_block_to_file(self, block, file) -> None:
-            pq.write_table(block.to_arrow(), file, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+            table = block.to_arrow()
+            pq.write_table(table, file, row_group_size=row_group_rows(table.schema), compression="zstd")
 
     # Object storage has no directories: creating one would leave an empty marker object under the prefix.
     return OrderedParquetSink(location.root, filesystem=location.fs, filename_provider=FileNames(),
@@ -106,7 +110,20 @@ def write_tables(tables: Iterable[pa.Table], path: str | os.PathLike | Location,
 
 def _write_file(location: Location, index: int, tables: list[pa.Table]) -> None:
     with location.fs.open_output_stream(location.path(f"{FILE_PREFIX}-{index:05d}.parquet")) as file:
-        pq.write_table(pa.concat_tables(tables), file, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+        table = pa.concat_tables(tables)
+        pq.write_table(table, file, row_group_size=row_group_rows(table.schema), compression="zstd")
+
+
+def row_group_rows(schema: pa.Schema) -> int:
+    """Rows per row group: ROW_GROUP_ROWS, or as many as hold ROW_GROUP_BYTES in memory where rows are larger.
+    Every column has a fixed width, so the count follows from the schema alone, the same in every file."""
+    row_bits = 0
+    for field in schema:
+        arrow_type, values = field.type, 1
+        while pa.types.is_fixed_size_list(arrow_type):
+            arrow_type, values = arrow_type.value_type, values * arrow_type.list_size
+        row_bits += values * arrow_type.bit_width
+    return max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * 8 // row_bits))
 
 
 def _in_place(path: str | os.PathLike | Location, card: DatasetCard,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import dataset_format as dataset
@@ -27,3 +28,15 @@ def test_frame_stacks_are_held_once_per_frame_and_rebuilt_as_stored(tmp_path, mo
     assert len(store.frames) == card.transitions + card.episodes  # each episode's 10 distinct frames, once
     held_as_arrays = stored[Col.OBS].nbytes + stored[Col.NEW_OBS].nbytes  # eight frames per transition
     assert store.nbytes < held_as_arrays / 4
+
+
+def test_row_groups_of_frames_hold_about_32_mib_and_of_vectors_a_fixed_row_count(tmp_path, monkeypatch,
+                                                                                 expert_dataset):
+    """A row group is decoded whole: a collector task's frames in one group read several times slower."""
+    # Four rows: each holds two 4-frame stacks of 12x10 (960 bytes) and 24 bytes of other columns.
+    monkeypatch.setattr(dataset.writer, "ROW_GROUP_BYTES", 4_000)
+    path = write_frame_stacks(tmp_path / "stacks", episodes=1, length=12)
+    parquet = pq.ParquetFile(path / dataset.read_card(path).files[0]["path"])
+    assert [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)] == [4, 4, 4]
+    vectors = pq.ParquetFile(expert_dataset / dataset.read_card(expert_dataset).files[0]["path"])
+    assert vectors.metadata.row_group(0).num_rows == min(vectors.metadata.num_rows, dataset.writer.ROW_GROUP_ROWS)
