@@ -45,7 +45,8 @@ class LearnerParams:
     shuffle_buffer: int = 50_000
     """For datasets that stream (see `memory_cache_mib`): transitions held in the buffer that batches are
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
-    is full (or the data ends)."""
+    is full (or the data ends). Images take fewer where the buffer and the chunk read ahead of it would hold more
+    than `memory_cache_mib`: a 4-frame 84x84 stack and its next one are 56 KB as stored."""
     memory_cache_mib: int = 256
     """Datasets up to this size on disk (256 MiB by default; images count one observation per transition, in
     memory, not on disk) are read and mapped to train batches once and held in memory, as tensors in the learner's

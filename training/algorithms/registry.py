@@ -186,7 +186,7 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
             materialize_mapped_data=_held_bytes(location, card) <= params.memory_cache_mib * 2**20,
             # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
-            iter_batches_kwargs={"local_shuffle_buffer_size": params.shuffle_buffer, "local_shuffle_seed": seed},
+            iter_batches_kwargs={"local_shuffle_buffer_size": _shuffle_rows(params, card), "local_shuffle_seed": seed},
         )
         .learners(num_learners=params.num_learners, num_gpus_per_learner=require_gpus(algo, params))
         .training(train_batch_size_per_learner=params.batch_size)
@@ -221,6 +221,17 @@ def require_gpus(algo: str, params: LearnerParams) -> float:
         raise UserError(f"algos.{algo}.num_gpus_per_learner is {wanted:g} (num_learners {params.num_learners}): "
                         f"training needs {need:g} GPU, and {where}; set it to 0 to train on the CPU")
     return wanted
+
+
+def _shuffle_rows(params: LearnerParams, card: dataset.DatasetCard) -> int:
+    """`shuffle_buffer`, fewer where a stream of images would hold more than the learner's memory budget
+    (`memory_cache_mib`, at least a batch): the buffer and the chunk read ahead of it, each row with an observation
+    and a next observation as stored. 50,000 rows of 4-frame 84x84 stacks are 2.8 GB twice over."""
+    observation_space = card.spaces[0]
+    if not is_image(observation_space):
+        return params.shuffle_buffer
+    row_bytes = 2 * observation_space.dtype.itemsize * int(np.prod(observation_space.shape))
+    return max(params.batch_size, min(params.shuffle_buffer, params.memory_cache_mib * 2**20 // (2 * row_bytes)))
 
 
 def _held_bytes(location: dataset.Location, card: dataset.DatasetCard) -> int:

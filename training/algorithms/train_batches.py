@@ -97,8 +97,8 @@ class StreamedBatches:
     ends with the rows left over, fewer than a batch.
     """
 
-    def __init__(self, rows, seed: int | None):
-        self.rows, self.generator = rows, torch.Generator().manual_seed(seed or 0)
+    def __init__(self, rows, plan: BatchPlan, seed: int | None):
+        self.rows, self.plan, self.generator = rows, plan, torch.Generator().manual_seed(seed or 0)
         self.batch_size, self.buffer_rows, self.device = 0, 0, "cpu"
 
     def iter_torch_batches(self, *, batch_size: int, device="cpu", local_shuffle_buffer_size: int | None = None,
@@ -117,10 +117,10 @@ class StreamedBatches:
             whole = rows - rows % self.batch_size
             for start in range(0, whole, self.batch_size):
                 picked = order[start:start + self.batch_size]
-                yield {name: values[picked].to(self.device) for name, values in chunk.items()}
+                yield self.plan.on_device({name: values[picked] for name, values in chunk.items()}, self.device)
             left = {name: values[order[whole:]] for name, values in chunk.items()}
         if left and len(next(iter(left.values()))):
-            yield {name: values.to(self.device) for name, values in left.items()}
+            yield self.plan.on_device(left, self.device)
 
 
 @dataclass(frozen=True)
@@ -134,14 +134,27 @@ class BatchPlan:
     read_rows: int | None = None
     model_input: ModelInput | None = None
 
+    @property
+    def frames(self) -> bool:
+        """Image observations: they travel as stored (uint8) and become the network's input on the learner's
+        device, a quarter of the bytes of the float32 input to hold, stream and copy."""
+        return self.model_input is not None and not self.model_input.one_hot
+
     def train_batch(self, rows) -> dict[str, np.ndarray]:
-        return network_observations(self.to_train_batch(rows, **self.kwargs), self.model_input)
+        """Rows mapped to the learner's batch columns (in Ray Data tasks when streaming); images stay as stored."""
+        batch = self.to_train_batch(rows, **self.kwargs)
+        return batch if self.frames else network_observations(batch, self.model_input)
+
+    def on_device(self, batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+        """A streamed batch on `device`, its images made the network's input there."""
+        return {name: self.model_input.on_tensor(values.to(device)) if self.frames and name in OBSERVATION_COLUMNS
+                else values.to(device) for name, values in batch.items()}
 
     def held_batch(self, location: dataset.Location) -> tuple[dict[str, np.ndarray], dataset.FrameStore | None]:
         """The whole dataset's batch columns, to hold in memory. Images stay as ids into the returned frames, each
         distinct frame held once, and become the network's input batch by batch (`network_batch`); a 4-frame
         stack would otherwise hold eight frames per transition, as float32."""
-        if self.model_input is None or self.model_input.one_hot:
+        if not self.frames:
             return self.train_batch(dataset.read_table(location)), None
         frames, rows = dataset.read_frames(location, self.model_input.channels_first)
         return self.to_train_batch(rows, **self.kwargs), frames
@@ -204,7 +217,8 @@ class TransitionsData(OfflineData):
         if return_iterator:
             streams = super().sample(num_samples, return_iterator=True, num_shards=num_shards)
             shards = streams if isinstance(streams, list) else [streams]
-            return [StreamedBatches(rows, (self.config.seed or 0) + shard) for shard, rows in enumerate(shards)]
+            return [StreamedBatches(rows, self.plan, (self.config.seed or 0) + shard)
+                    for shard, rows in enumerate(shards)]
         return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
                               module_state=module_state)
 

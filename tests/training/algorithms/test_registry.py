@@ -52,3 +52,17 @@ def test_over_frames_each_head_has_the_hidden_layers_after_the_cnn(tmp_path, alg
     assert sum(shape == (512, features) for shape in linear.values()) == heads
     for name, shape in linear.items():
         assert shape in {(512, features), (1, 512), (3, 512)}, name
+
+
+def test_a_stream_of_frames_shuffles_within_the_learners_memory_budget(tmp_path, mixture_dataset):
+    """50,000 rows of 4-frame 84x84 stacks would hold 2.8 GB twice over (the buffer, and the chunk read ahead)."""
+    frames = write_frame_stacks(tmp_path / "frames", frame_shape=(84, 84))
+    params = load_params("params.yaml").algos.bc
+    row = 2 * 4 * 84 * 84  # an observation and a next observation, uint8 as stored
+    assert rllib_config("bc", params, frames, seed=0).iter_batches_kwargs["local_shuffle_buffer_size"] == \
+        params.memory_cache_mib * 2**20 // (2 * row)
+    tiny = dataclasses.replace(params, memory_cache_mib=0)
+    assert rllib_config("bc", tiny, frames, seed=0).iter_batches_kwargs["local_shuffle_buffer_size"] == \
+        params.batch_size
+    vectors = rllib_config("bc", params, mixture_dataset, seed=0).iter_batches_kwargs
+    assert vectors["local_shuffle_buffer_size"] == params.shuffle_buffer

@@ -201,19 +201,28 @@ def _rows_as_bytes(batch: dict) -> set[tuple[bytes, ...]]:
 
 
 @pytest.mark.parametrize("algo", ["bc", "marwil", "dqn"])
-def test_frame_stacks_held_once_per_frame_give_the_batches_of_the_mapped_rows(tmp_path, ray_local, algo):
-    """Held in memory, an image dataset's observations are ids into its frames, each frame held once, made the
-    network's input (channels-last, in [0, 1]) batch by batch: each row of a pass is a row of what mapping the
-    Parquet rows gives, next observations (DQN's n-step, MARWIL's bootstrap) included."""
+@pytest.mark.parametrize("streamed", [False, True])
+def test_frame_stacks_give_the_batches_of_the_mapped_rows(tmp_path, ray_local, algo, streamed):
+    """An image dataset's frames become the network's input (channels-last, in [0, 1]) batch by batch, on the
+    learner's side: held in memory, its observations are ids into its frames, each frame held once; streamed, Ray
+    Data's tasks pass the frames on as stored (uint8). Each row of a pass is a row of what mapping the Parquet rows
+    gives, next observations (DQN's n-step, MARWIL's bootstrap) included."""
     path = write_frame_stacks(tmp_path / "stacks")
-    config = rllib_config(algo, getattr(load_params("params.yaml").algos, algo), path, seed=0)
+    params = dataclasses.replace(getattr(load_params("params.yaml").algos, algo),
+                                 memory_cache_mib=0 if streamed else 256)
+    config = rllib_config(algo, params, path, seed=0)
     [data] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
-    mapped = _rows_as_bytes(data.plan.train_batch(dataset.read_table(path)))
+    as_stored = data.plan.train_batch(dataset.read_table(path))
+    assert as_stored["default_policy/obs"].dtype == np.uint8
+    mapped = _rows_as_bytes(batch_columns.network_observations(as_stored, data.plan.model_input))
     batches = [{name: values.numpy() for name, values in batch.items()}
-               for batch in data.iter_torch_batches(batch_size=8)]
-    assert data.frames is not None and len(data.frames.frames) == 30  # 3 episodes of 10 distinct frames
+               for batch in data.iter_torch_batches(batch_size=8, local_shuffle_buffer_size=16)]
+    assert isinstance(data, StreamedBatches if streamed else InMemoryBatches)
+    if not streamed:
+        assert len(data.frames.frames) == 30  # 3 episodes of 10 distinct frames
     assert batches[0]["default_policy/obs"].shape == (8, 12, 10, 4)
-    assert set().union(*map(_rows_as_bytes, batches)) <= mapped and len(batches) == 27 // 8
+    assert set().union(*map(_rows_as_bytes, batches)) <= mapped
+    assert sum(len(b["default_policy/obs"]) for b in batches) == (27 if streamed else 27 // 8 * 8)
 
 
 def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):
