@@ -57,11 +57,7 @@ def encoder(observations: ModelInput, params: LearnerParams) -> tuple[nn.Sequent
     flattened (`head` then gives each output its own `hidden_layers`)."""
     layers, shape = [], observations.input_shape
     if len(shape) == 1:
-        width = shape[0]
-        for size in params.hidden_layers:
-            layers += [nn.Linear(width, size), ACTIVATIONS[params.activation]()]
-            width = size
-        return nn.Sequential(*layers), width
+        return hidden_layers(params, shape[0])
     height, width, channels = shape
     for out_channels, kernel, stride in params.conv_filters:
         padding, (height, width) = same_padding((height, width), kernel, stride)  # RLlib's own
@@ -71,15 +67,22 @@ def encoder(observations: ModelInput, params: LearnerParams) -> tuple[nn.Sequent
     return nn.Sequential(*layers, nn.Flatten()), height * width * channels
 
 
+def hidden_layers(params: LearnerParams, width: int) -> tuple[nn.Sequential, int]:
+    """An MLP of `hidden_layers` over `width` inputs, and its output width."""
+    layers = []
+    for size in params.hidden_layers:
+        layers += [nn.Linear(width, size), ACTIVATIONS[params.activation]()]
+        width = size
+    return nn.Sequential(*layers), width
+
+
 def head(observations: ModelInput, params: LearnerParams, width: int, outputs: int) -> nn.Sequential:
     """An output over the encoder's features, as RLlib builds it: one linear layer over vectors; over frames the
     `hidden_layers` first (registry.py's `head_fcnet_hiddens`)."""
-    layers = []
-    if len(observations.input_shape) > 1:
-        for size in params.hidden_layers:
-            layers += [nn.Linear(width, size), ACTIVATIONS[params.activation]()]
-            width = size
-    return nn.Sequential(*layers, nn.Linear(width, outputs))
+    if len(observations.input_shape) == 1:
+        return nn.Sequential(nn.Linear(width, outputs))
+    layers, width = hidden_layers(params, width)
+    return nn.Sequential(layers, nn.Linear(width, outputs))
 
 
 class PlainLoop:
