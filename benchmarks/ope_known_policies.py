@@ -20,19 +20,14 @@ import numpy as np
 import dataset_format as dataset
 from collectors.config import PolicyConfig
 from collectors.policies import build_policy
-from common.envs import make_env, time_limit
+from common.envs import make_env
 from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.estimators import fit_fqe
-from evaluation.ope import logged_episodes
+from evaluation.ope import episode_horizon, fit_progress, logged_episodes
 from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
-
-
-def progress(done: int, total: int, loss: float) -> None:
-    if done % max(1, total // 5) == 0:
-        print(f"fqe iteration {done}/{total}, TD loss {loss:.4g}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -66,13 +61,13 @@ def main() -> None:
     ceiling = params.references.get(card.env.label)
     controller_is_ceiling = ceiling is not None and ceiling.ceiling is not None and \
         ceiling.ceiling.callable == behaviour["base"]["callable"]  # its true score is 100 by definition
-    horizon = int(max(time_limit(card.env) or 0, episodes.lengths.max()))  # as `orl ope` takes it
+    horizon = episode_horizon(card.env, episodes)
     for name, probabilities, truth in (
             ("behaviour policy", behaviour_probabilities,
              normalized_score(float(episodes.returns_to_go(1.0)[episodes.starts].mean()), reference)),
             (f"controller {behaviour['base']['callable']}", controller_probabilities,
              100.0 if controller_is_ceiling else None)):
-        q = fit_fqe(episodes, probabilities(a[Col.NEW_OBS]), n, horizon, params.ope, progress,
+        q = fit_fqe(episodes, probabilities(a[Col.NEW_OBS]), n, horizon, params.ope, fit_progress(name),
                     ModelInput.of(card.spaces[0]))
         value = q.values(a[Col.OBS], a[Col.T], probabilities(a[Col.OBS]))[episodes.starts].mean()
         known = "unknown (it is not the env's ceiling reference)" if truth is None else f"{truth:.1f}"

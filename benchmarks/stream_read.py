@@ -1,8 +1,8 @@
 """Reading a dataset as a training stream does, measured against pyarrow in one run.
 
 Ray Data reads the dataset's Parquet files with the learners' stream settings (params.yaml's `stream_read_ahead_mib`
-of object store, blocks of `stream_block_mib`, one map task), keeps the columns BC reads, and hands batches of a
-shuffle buffer's rows to the caller, as `StreamedBatches` takes them: seconds to the first batch and to the last, and
+of object store, blocks of `stream_block_mib`, one map task), maps rows with BC's batch function (its columns,
+images as stored), and hands batches of a shuffle buffer's rows to the caller, as `StreamedBatches` takes them: seconds to the first batch and to the last, and
 the peak RSS of any Ray worker. pyarrow then reads the same files row group by row group in this process. Frames make
 the difference large (benchmarks/README.md, "Frames streamed").
 
@@ -20,8 +20,8 @@ import psutil
 import pyarrow.parquet as pq
 
 import dataset_format as dataset
-from dataset_format import Col
 from pipelines.params import load_params
+from training.algorithms.batch_columns import cloning_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,11 +35,6 @@ def peak_worker_rss(done: threading.Event, peak: list[int]) -> None:
             except psutil.Error:
                 pass
         time.sleep(0.2)
-
-
-def bc_columns(table):
-    """BC's columns as numpy, the observations as stored."""
-    return {Col.OBS: dataset.column_to_numpy(table[Col.OBS]), Col.ACTIONS: table[Col.ACTIONS].to_numpy()}
 
 
 def main() -> None:
@@ -61,10 +56,10 @@ def main() -> None:
     threading.Thread(target=peak_worker_rss, args=(done, peak), daemon=True).start()
     started, first, rows = time.perf_counter(), None, 0
     stream = ray.data.read_parquet(str(args.dataset)).map_batches(
-        bc_columns, batch_format="pyarrow", compute=TaskPoolStrategy(size=1), num_cpus=1)
+        cloning_batch, batch_format="pyarrow", compute=TaskPoolStrategy(size=1), num_cpus=1)
     for batch in stream.iter_torch_batches(batch_size=args.buffer_rows, prefetch_batches=1):
         first = first or time.perf_counter() - started
-        rows += len(batch[Col.ACTIONS])
+        rows += len(next(iter(batch.values())))
     ray_data = time.perf_counter() - started
     done.set()
     ray.shutdown()
@@ -73,7 +68,7 @@ def main() -> None:
     for entry in dataset.read_card(args.dataset).files:
         parquet = pq.ParquetFile(args.dataset / entry["path"])
         for group in range(parquet.num_row_groups):
-            bc_columns(parquet.read_row_group(group))
+            cloning_batch(parquet.read_row_group(group))
     plain = time.perf_counter() - started
     print(f"{rows:,} rows in {args.buffer_rows:,}-row batches: Ray Data's first batch after {first:.1f} s, the last "
           f"after {ray_data:.1f} s, peak worker RSS {peak[0] / 2**30:.2f} GiB; pyarrow by row group {plain:.1f} s "

@@ -108,13 +108,14 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                     reference: dict | None, config: OPEConfig, estimators: list[str], label: str) -> dict:
     """The policy's value by each of `estimators` (which must apply), fitting FQE on `fit` and estimating on
     `held_out`, in normalized units where there is a `reference`."""
-    horizon = _horizon(card.env, fit, held_out)
+    horizon = episode_horizon(card.env, fit, held_out)
     print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, FQE fitted on {len(fit)}; horizon "
           f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
     action_space = card.spaces[1]
     discrete = isinstance(action_space, gym.spaces.Discrete)
     q = fit_fqe(fit, _pi(policy, fit.arrays[Col.NEW_OBS], discrete, config.seed),
-                action_space.n if discrete else None, horizon, config, _progress(label), ModelInput.of(card.spaces[0]))
+                action_space.n if discrete else None, horizon, config, fit_progress(label),
+                ModelInput.of(card.spaces[0]))
     a = held_out.arrays
     pi = _pi(policy, a[Col.OBS], discrete, config.seed)
     v = q.values(a[Col.OBS], a[Col.T], pi)
@@ -287,7 +288,7 @@ def split_episodes(episodes: Episodes, config: OPEConfig) -> tuple[Episodes, Epi
     return episodes.select(np.flatnonzero(~held_out)), episodes.select(np.flatnonzero(held_out))
 
 
-def _horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
+def episode_horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
     """The env's time limit (the longest logged episode without an env or a limit, or when longer)."""
     limit = time_limit(env) if env else None
     return int(max([limit or 0, *(e.lengths.max() for e in episodes)]))
@@ -297,7 +298,7 @@ def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_ac
                  config: OPEConfig, reference: dict | None, label: str) -> dict:
     """The policy rolled out in dynamics fitted on `fit`, from each held-out episode's first state; the interval
     resamples the networks of the ensemble with the episodes."""
-    model = fit_dynamics(fit, num_actions, config, _progress(label, "model network", "loss"))
+    model = fit_dynamics(fit, num_actions, config, fit_progress(label, "model network", "loss"))
     starts = held_out.arrays[Col.OBS][held_out.starts]
     returns = rollout_returns(model, _actor(policy, num_actions is not None, config.seed), starts, horizon,
                               config.gamma)  # (episodes, networks)
@@ -347,7 +348,7 @@ def _estimate(value: float, statistic, episodes: int, config: OPEConfig, referen
             "ci_high": normalized_score(high, reference), "return": value}
 
 
-def _progress(label: str, step: str = "fqe iteration", loss_name: str = "TD loss"):
+def fit_progress(label: str, step: str = "fqe iteration", loss_name: str = "TD loss"):
     """A fit's progress, at most about ten lines."""
     def report(done: int, total: int, loss: float) -> None:
         if done % max(1, total // 10) == 0 or done == total:

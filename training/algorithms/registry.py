@@ -227,10 +227,9 @@ def _shuffle_rows(params: LearnerParams, card: dataset.DatasetCard) -> int:
     """`shuffle_buffer`, fewer where a stream of images would hold more than the learner's memory budget
     (`memory_cache_mib`, at least a batch): the buffer and the chunk read ahead of it, each row with an observation
     and a next observation as stored. 50,000 rows of 4-frame 84x84 stacks are 2.8 GB twice over."""
-    observation_space = card.spaces[0]
-    if not is_image(observation_space):
+    if not is_image(card.spaces[0]):
         return params.shuffle_buffer
-    row_bytes = 2 * observation_space.dtype.itemsize * int(np.prod(observation_space.shape))
+    row_bytes = 2 * _observation_bytes(card.spaces[0])
     return max(params.batch_size, min(params.shuffle_buffer, params.memory_cache_mib * 2**20 // (2 * row_bytes)))
 
 
@@ -238,7 +237,11 @@ def _held_bytes(location: dataset.Location, card: dataset.DatasetCard) -> int:
     """About what holding the dataset in memory takes: its Parquet bytes, or for images one observation per
     transition (the frames of `obs` come again in `new_obs` and are held once), not their bytes on disk, where zstd
     makes repeated frames tens of times smaller. A frame stack takes about a quarter of that."""
-    observation_space = card.spaces[0]
-    if is_image(observation_space):
-        return card.transitions * observation_space.dtype.itemsize * int(np.prod(observation_space.shape))
+    if is_image(card.spaces[0]):
+        return card.transitions * _observation_bytes(card.spaces[0])
     return dataset.size_on_disk(location, card)
+
+
+def _observation_bytes(space: gym.spaces.Box) -> int:
+    """An observation's bytes as stored."""
+    return space.dtype.itemsize * int(np.prod(space.shape))

@@ -146,7 +146,7 @@ class BatchPlan:
         return batch if self.frames else network_observations(batch, self.model_input)
 
     def on_device(self, batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
-        """A streamed batch on `device`, its images made the network's input there."""
+        """A batch on `device`, its images (as stored) made the network's input there."""
         return {name: self.model_input.on_tensor(values.to(device)) if self.frames and name in OBSERVATION_COLUMNS
                 else values.to(device) for name, values in batch.items()}
 
@@ -164,8 +164,8 @@ class BatchPlan:
         """A batch of `held_batch`'s columns on `device`, its observation ids made the network's input there: the
         frames travel as uint8 and become float32 where the network runs (on a GPU, a quarter of the bytes to copy,
         and the conversion off the CPU)."""
-        return {name: self.model_input.on_tensor(torch.from_numpy(frames[ids.numpy()]).to(device))
-                if name in OBSERVATION_COLUMNS else ids.to(device) for name, ids in batch.items()}
+        return self.on_device({name: torch.from_numpy(frames[ids.numpy()]) if name in OBSERVATION_COLUMNS else ids
+                               for name, ids in batch.items()}, device)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 
 from common.errors import UserError
 from pipelines.params import load_params
-from training.algorithms.registry import rllib_config
 from tests.conftest import write_frame_stacks
+from training.algorithms.registry import rllib_config
 from training.config import BCParams
 
 
