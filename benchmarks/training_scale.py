@@ -9,8 +9,7 @@ process and reports:
 - peak RSS of the training process, and the peak summed PSS of it and every Ray process it started (PSS
   splits each shared page, such as the object store's, among the processes that map it).
 The ratio 10M ÷ 1M shows whether memory grows with the dataset. With params.yaml's `memory_cache_mib` the 1M
-dataset is held in memory and the 10M one streams; `--memory-cache-mib 0` makes both stream, and
-`--stream-block-mib` sets the block size they stream in.
+dataset is held in memory and the 10M one streams; `--memory-cache-mib 0` makes both stream.
 
     python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20
     python benchmarks/training_scale.py --sizes 1000000 10000000 --iterations 20 --memory-cache-mib 0
@@ -146,14 +145,12 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/orl-scale"))
     parser.add_argument("--memory-cache-mib", type=int,
                         help="overrides params.yaml's memory_cache_mib (0: every size streams)")
-    parser.add_argument("--stream-block-mib", type=int, help="overrides params.yaml's stream_block_mib")
     parser.add_argument("--episodes-per-task", type=int, default=2000,
                         help="collect.episodes_per_task for collecting; random CartPole episodes are short")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measurement
     args = parser.parse_args()
 
-    overrides = {name: value for name, value in (("memory_cache_mib", args.memory_cache_mib),
-                                                 ("stream_block_mib", args.stream_block_mib)) if value is not None}
+    overrides = {} if args.memory_cache_mib is None else {"memory_cache_mib": args.memory_cache_mib}
     if args.measure:
         print(json.dumps(measure(args.measure, args.iterations, args.params, overrides)))
         return

@@ -264,15 +264,11 @@ class LearnerAlone:
 
     def __init__(self, algorithm, params: LearnerParams):
         rng = np.random.default_rng(0)
-        offline_data = algorithm.offline_data
-        rows = offline_data.data.take_batch(AHEAD_BATCHES * params.batch_size, batch_format="numpy")
-        # Images come as stored and become the network's input here, on the CPU, ahead of the clock.
-        data = offline_data.plan.on_device({key: torch.as_tensor(np.asarray(values)) for key, values in rows.items()},
-                                           "cpu")
+        # The network's input (images mapped on the CPU), made ahead of the clock.
+        data = algorithm.offline_data.sample(num_samples=AHEAD_BATCHES * params.batch_size)[DEFAULT_MODULE_ID]
         order = rng.permutation(AHEAD_BATCHES * params.batch_size).reshape(AHEAD_BATCHES, params.batch_size)
         self.batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
-            {key.split("/", 1)[1]: values[picked] for key, values in data.items()})},
-            env_steps=params.batch_size) for picked in order]
+            {key: values[picked] for key, values in data.items()})}, env_steps=params.batch_size) for picked in order]
         self.learner = local_learner(algorithm)
         self.batch_size, self.updates = params.batch_size, 0
 

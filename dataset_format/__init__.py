@@ -17,11 +17,14 @@ from dataset_format.card import (
 from dataset_format.frames import FrameStore, StackedObservations, load_frame_arrays, read_frames
 from dataset_format.location import Location, locate
 from dataset_format.readers import (
+    RowGroups,
     load_arrays,
     load_pandas,
     load_ray,
     load_table,
+    read_row_groups,
     read_table,
+    row_group_runs,
     size_on_disk,
     torch_dataloader,
 )
@@ -45,6 +48,7 @@ __all__ = [
     "DatasetCard",
     "FrameStore",
     "Location",
+    "RowGroups",
     "StackedObservations",
     "arrow_schema",
     "column_to_numpy",
@@ -59,8 +63,10 @@ __all__ = [
     "locate",
     "read_card",
     "read_frames",
+    "read_row_groups",
     "read_table",
     "refuse_existing",
+    "row_group_runs",
     "size_on_disk",
     "space_from_dict",
     "require_storable",

@@ -4,6 +4,7 @@ Data and torch."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 from dataset_format.card import DatasetCard, read_card
 from dataset_format.location import Location, locate, storage_errors
 from dataset_format.schema import Col, column_to_numpy
-from dataset_format.validation import validate, validated_tables
+from dataset_format.validation import open_parquet, validate, validated_tables
 
 DatasetPath = str | os.PathLike | Location  # a local directory or an s3:// prefix
 
@@ -28,19 +29,58 @@ def load_table(path: DatasetPath) -> pa.Table:
     return _one_table(*validated_tables(path))
 
 
-def read_table(path: DatasetPath) -> pa.Table:
-    """The whole dataset as one Arrow table, read without checks: for callers that validated it already
-    (`orl train` does before training, so checking again would only add to its start-up)."""
+def read_table(path: DatasetPath, columns: tuple[str, ...] | None = None) -> pa.Table:
+    """The whole dataset as one Arrow table (of `columns` only, if given), read without checks: for callers that
+    validated it already (`orl train` does before training, so checking again would only add to its start-up)."""
     location = locate(path)
     card = read_card(location)
     with storage_errors(location):
-        return _one_table(card, [pq.read_table(location.path(entry["path"]), filesystem=location.fs)
-                                 for entry in card.files])
+        return _one_table(card, [pq.read_table(location.path(entry["path"]), filesystem=location.fs,
+                                                  columns=columns and list(columns))
+                                 for entry in card.files], columns)
 
 
-def _one_table(card: DatasetCard, tables) -> pa.Table:
-    names = card.schema().names  # files may order their columns differently
+def _one_table(card: DatasetCard, tables, columns: tuple[str, ...] | None = None) -> pa.Table:
+    names = columns or card.schema().names  # files may order their columns differently
     return pa.concat_tables([table.select(names) for table in tables])
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Consecutive row groups of one of the dataset's files: what a streaming reader reads at once."""
+
+    file: str
+    """The file's name in the dataset."""
+    groups: tuple[int, ...]
+    rows: int
+    bytes: int
+    """Their size decoded, as Parquet's metadata gives it."""
+
+
+def row_group_runs(path: DatasetPath, min_rows: int | None = None) -> list[RowGroups]:
+    """The dataset's row groups in file order, gathered into runs of consecutive groups of one file with at least
+    `min_rows` rows (a file's last run may have fewer; None: one group each). Only the files' footers are read."""
+    location = locate(path)
+    runs = []
+    for entry in read_card(location).files:
+        with open_parquet(location, entry["path"]) as parquet:
+            metadata = parquet.metadata
+        groups, rows, size = [], 0, 0
+        for group in range(metadata.num_row_groups):
+            groups.append(group)
+            rows += metadata.row_group(group).num_rows
+            size += metadata.row_group(group).total_byte_size
+            if rows >= (min_rows or 1) or group == metadata.num_row_groups - 1:
+                runs.append(RowGroups(entry["path"], tuple(groups), rows, size))
+                groups, rows, size = [], 0, 0
+    return runs
+
+
+def read_row_groups(path: DatasetPath, run: RowGroups, columns: tuple[str, ...] | None = None) -> pa.Table:
+    """The rows of `run` (of `columns` only, if given), read without checks, as `read_table`."""
+    location = locate(path)
+    with open_parquet(location, run.file) as parquet:
+        return parquet.read_row_groups(list(run.groups), columns=columns and list(columns))
 
 
 def load_arrays(path: DatasetPath) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -87,20 +88,27 @@ def _row_groups_checked(location: Location, name: str, expected: pa.Schema, rows
     """The file's row groups as tables, once its schema and row count are checked: memory holds one group
     (`writer.row_group_rows` as collected), not the file."""
     file = location.uri_of(name)
+    with open_parquet(location, name) as parquet:
+        _check_schema(file, parquet.schema_arrow, expected)
+        if parquet.metadata.num_rows != rows:
+            raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
+                            "re-collect the dataset")
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group)
+
+
+@contextmanager
+def open_parquet(location: Location, name: str):
+    """The dataset's file `name` opened for Parquet reads; a file that cannot be read, there or in the reads inside
+    the block, ends in one line naming it."""
     try:
         with location.fs.open_input_file(location.path(name)) as handle:
-            parquet = pq.ParquetFile(handle)
-            _check_schema(file, parquet.schema_arrow, expected)
-            if parquet.metadata.num_rows != rows:
-                raise UserError(f"{file} has {parquet.metadata.num_rows} rows but {CARD_FILE} says {rows}; "
-                                "re-collect the dataset")
-            for group in range(parquet.num_row_groups):
-                yield parquet.read_row_group(group)
+            yield pq.ParquetFile(handle)
     except (OSError, pa.ArrowException) as err:
         if isinstance(err, OSError) and not location.is_local:  # the store failed, not the file
             raise storage_error(location, err) from None
-        reason = first_line(err)
-        raise UserError(f"{file} is not a readable Parquet file ({reason}); re-collect the dataset") from None
+        raise UserError(f"{location.uri_of(name)} is not a readable Parquet file ({first_line(err)}); "
+                        "re-collect the dataset") from None
 
 
 @dataclass

@@ -155,12 +155,8 @@ def built_algorithm(algo: str, params, dataset_dir: Path):
 
 
 def train_columns(algorithm, rows: int) -> dict:
-    """The first `rows` rows of an algorithm's train batches, as tensors named by column (no module prefix)."""
-    import numpy as np
-    import torch
-
-    data = algorithm.offline_data.data.take_batch(rows, batch_format="numpy")
-    return {key.split("/", 1)[1]: torch.as_tensor(np.array(values)) for key, values in data.items()}
+    """A batch of `rows` rows of an algorithm's train batches, as tensors named by column (no module prefix)."""
+    return dict(algorithm.offline_data.sample(num_samples=rows)["default_policy"])
 
 
 def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 3, length: int = 9,

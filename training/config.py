@@ -45,29 +45,23 @@ class LearnerParams:
     shuffle_buffer: int = 50_000
     """For datasets that stream (see `memory_cache_mib`): transitions held in the buffer that batches are
     drawn from at random. Larger mixes more episodes into each batch; the first update waits until the buffer
-    is full (or the data ends). Images take fewer where the buffer and the chunk read ahead of it would hold more
+    is full (or the data ends). Images take fewer where the buffer (twice, as it is joined) would hold more
     than `memory_cache_mib`: a 4-frame 84x84 stack and its next one are 56 KB as stored."""
     memory_cache_mib: int = 256
     """Datasets up to this size on disk (256 MiB by default; images count one observation per transition, in
     memory, not on disk) are read and mapped to train batches once and held in memory, as tensors in the learner's
     process, each pass a fresh shuffle of all rows. Larger ones stream from Parquet at each pass through
-    `shuffle_buffer`: memory stays flat, but each pass restarts the read pipeline. 0 always streams."""
+    `shuffle_buffer`, each learner reading its files itself: memory stays flat, but each pass reads the files
+    again. 0 always streams."""
     stream_read_ahead_mib: int = 256
-    """For datasets that stream: object-store memory Ray Data may fill with rows read and mapped ahead of the
-    learner. It bounds training memory whatever the dataset's size."""
-    stream_block_mib: int = 128
-    """For datasets that stream: the size Ray Data cuts blocks to as it reads and maps rows (its default, 128).
-    Each read or map task holds a few copies of its block in its own heap, outside the object-store budget:
-    smaller blocks lower the process tree's peak but made streaming slower and less steady (benchmarks/README.md,
-    Start-up, memory and storage). Lower it where memory is short."""
-    map_tasks: int = 1
-    """For datasets that stream: Ray Data tasks mapping rows to train batches at once, 1 CPU each. One leaves
-    a CPU for reading on a 2-CPU machine; raise it on a cluster."""
+    """For datasets that stream: memory for the row groups a learner reads and maps ahead of its updates, beside
+    its shuffle buffer (at least one run of row groups). With the buffer, it bounds a learner's memory whatever the
+    dataset's size."""
     num_learners: int = 0
     """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
-    cluster, where each learner has its own node or GPU. Each reads its share of a dataset held in memory itself; a
-    streamed one also needs `map_tasks` CPUs beside theirs."""
+    cluster, where each learner has its own node or GPU. Each reads its own share of the dataset's files, held in
+    memory or streamed."""
     num_gpus_per_learner: float = 0
     """GPUs for each learner (RLlib's `num_gpus_per_learner`): with `num_learners` 0, any value above 0 trains on
     this machine's first GPU; with n learners, each actor takes this share of a GPU on its node. 0 (the default)
@@ -79,7 +73,7 @@ class LearnerParams:
 
     def __post_init__(self):
         require_positive(self, "lr", "batch_size", "iterations", "updates_per_iteration", "shuffle_buffer",
-                         "stream_read_ahead_mib", "stream_block_mib", "map_tasks")
+                         "stream_read_ahead_mib")
         for name in ("memory_cache_mib", "num_learners", "num_gpus_per_learner"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -63,6 +63,16 @@ def flat(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {f"{DEFAULT_MODULE_ID}/{name}": values for name, values in columns.items()}
 
 
+def reads(*columns: str):
+    """Declares the dataset columns a batch function reads (`function.columns`): readers read only those."""
+    def declare(function):
+        function.columns = columns
+        return function
+
+    return declare
+
+
+@reads(Col.OBS, Col.ACTIONS)
 def cloning_batch(rows: pa.Table) -> dict[str, np.ndarray]:
     """BC's batch: observations and the actions taken.
 
@@ -91,6 +101,7 @@ def returns_to_go(rewards: np.ndarray, run_ends: np.ndarray, gamma: float) -> np
     return out
 
 
+@reads(Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS, Col.TRUNCATEDS, Col.EPS_ID, Col.T)
 def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     """Transitions plus MARWIL's value targets: the behaviour policy's discounted returns-to-go.
 
@@ -118,6 +129,7 @@ def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     })
 
 
+@reads(Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS, Col.EPS_ID, Col.T)
 def with_n_step(rows: pa.Table, n: int, gamma: float) -> dict[str, np.ndarray]:
     """Transitions whose reward is the discounted sum of up to `n` steps and whose next observation, and
     termination, are those after the last of them: the n-step TD target r_t + ... + gamma^(k-1) r_(t+k-1)
@@ -143,13 +155,16 @@ def with_n_step(rows: pa.Table, n: int, gamma: float) -> dict[str, np.ndarray]:
 
 
 ONE_STEP_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)
+ONE_STEP_READS = (Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS)
 
 
+@reads(*ONE_STEP_READS)
 def one_step(rows: pa.Table) -> dict[str, np.ndarray]:
     """Transitions for one-step TD targets (IQL's, on discrete actions)."""
     return flat(transitions(rows, ONE_STEP_COLUMNS))
 
 
+@reads(*ONE_STEP_READS)
 def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray, margin: float = 0.0) -> dict[str, np.ndarray]:
     """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL and IQL, whose tanh
     policies act there, see offline_cql.py), kept `margin` inside it."""

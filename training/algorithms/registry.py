@@ -19,7 +19,7 @@ import dataset_format as dataset
 from common.errors import UserError
 from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 from training.algorithms.batch_columns import cloning_batch, one_step, with_n_step, with_returns, with_unit_actions
-from training.algorithms.train_batches import BatchPlan, StreamSettings, TransitionsData
+from training.algorithms.train_batches import BatchPlan, TransitionsData
 from training.config import (
     BCParams,
     ConservativeDQNParams,
@@ -152,8 +152,6 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
                             for kind in entry.action_spaces)
         hint = "; use cql_dqn for discrete actions" if algo == "cql" else ""
         raise UserError(f"{algo} needs {kinds} actions; this dataset's action space is {action_space}{hint}")
-    stream = StreamSettings(read_ahead_bytes=params.stream_read_ahead_mib * 2**20,
-                            block_bytes=params.stream_block_mib * 2**20)
     plan = entry.batches(params, action_space)
     model_config = dataclasses.asdict(DefaultModelConfig(
         fcnet_hiddens=list(params.hidden_layers), fcnet_activation=params.activation, vf_share_layers=False))
@@ -177,14 +175,12 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         .offline_data(
             input_=[location.root],
             input_filesystem=location.fs,
-            offline_data_class=TransitionsData.for_plan(plan, stream, location),
+            offline_data_class=TransitionsData.for_plan(plan, params.stream_read_ahead_mib * 2**20, location),
             dataset_num_iters_per_learner=params.updates_per_iteration,
-            # Tasks, not RLlib's default 2 actors x 1 CPU, which starve the Parquet read task on 2 CPUs forever.
-            map_batches_kwargs={"concurrency": params.map_tasks, "num_cpus": 1},
             # Small datasets are mapped once and held in memory; larger ones stream from Parquet at each pass,
-            # so memory does not grow with them.
+            # so memory does not grow with them (train_batches.py).
             materialize_mapped_data=_held_bytes(location, card) <= params.memory_cache_mib * 2**20,
-            # RLlib streams rows in file order: without a shuffle, each update sees consecutive steps of one
+            # Rows are stored in episode order: without a shuffle, each update would see consecutive steps of one
             # or two episodes, which stalls and can diverge Q-learning.
             iter_batches_kwargs={"local_shuffle_buffer_size": _shuffle_rows(params, card), "local_shuffle_seed": seed},
         )
@@ -225,7 +221,7 @@ def require_gpus(algo: str, params: LearnerParams) -> float:
 
 def _shuffle_rows(params: LearnerParams, card: dataset.DatasetCard) -> int:
     """`shuffle_buffer`, fewer where a stream of images would hold more than the learner's memory budget
-    (`memory_cache_mib`, at least a batch): the buffer and the chunk read ahead of it, each row with an observation
+    (`memory_cache_mib`, at least a batch): the buffer and its parts as they are joined, each row with an observation
     and a next observation as stored. 50,000 rows of 4-frame 84x84 stacks are 2.8 GB twice over."""
     if not is_image(card.spaces[0]):
         return params.shuffle_buffer

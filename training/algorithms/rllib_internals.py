@@ -1,10 +1,10 @@
 """The one wall between our learners and RLlib's (and torch's) private APIs.
 
-RLlib's new API stack leaves no public way to train DQN and CQL from offline data alone, to map offline rows
-without its per-row episode pre-learner, or to take some per-update costs out of its learners (see the modules
-beside this one). Every private name we read, set, call or override is listed in `HOOKS` with why we need it,
-and reached only through this module: accessors for attributes and calls, and the `private_hook` decorator
-for methods our subclasses override. Tests and benchmarks use the accessors too.
+RLlib's new API stack leaves no public way to train DQN and CQL from offline data alone or to take some
+per-update costs out of its learners (see the modules beside this one). Every private name we read, set, call or
+override is listed in `HOOKS` with why we need it, and reached only through this module: accessors for attributes
+and calls, and the `private_hook` decorator for methods our subclasses override. Tests and benchmarks use the
+accessors too.
 `tests/training/algorithms/test_rllib_internals.py` fails, naming the hooks to re-check, when the installed Ray or
 torch is not the version they were written for or a hook is gone, and fails on any private name of a library used
 anywhere in the repository (tests and benchmarks included) that is not listed here.
@@ -63,12 +63,6 @@ HOOKS = {hook.key: hook for hook in (
          "instead of running SAC's whole training pass."),
     Hook("ray.rllib.core.models.catalog:Catalog", "_encoder_config",
          "the policy's encoder config, which the Q-network copies (layers, activation, initializers)."),
-    Hook("ray.rllib.offline.offline_data:OfflineData", "data",
-         "the Ray Dataset of rows read, which TransitionsData maps with its batch function."),
-    Hook("ray.rllib.offline.offline_data:OfflineData", "data_is_mapped",
-         "set once TransitionsData has mapped the rows, so OfflineData.sample does not map them again."),
-    Hook("ray.rllib.offline.offline_data:OfflineData", "map_batches_kwargs",
-         "RLlib's defaults merged with the config's map_batches_kwargs, passed on to our map."),
     Hook("ray.rllib.algorithms.marwil.torch.marwil_torch_learner:MARWILTorchLearner",
          "moving_avg_sqd_adv_norms_per_module",
          "MARWIL's running mean of squared advantages, started at the first batch's value instead of 100."),
@@ -157,21 +151,6 @@ def categorical_without_init(distribution, logits) -> None:
 def torch_categorical(distribution, logits):
     """TorchCategorical._get_torch_distribution"""
     return distribution._get_torch_distribution(logits=logits)
-
-
-def offline_data_rows(offline_data):
-    """OfflineData.data: the rows as read, before any map."""
-    return offline_data.data
-
-
-def offline_data_map_kwargs(offline_data) -> dict:
-    """OfflineData.map_batches_kwargs"""
-    return offline_data.map_batches_kwargs
-
-
-def set_offline_data_mapped(offline_data, data) -> None:
-    """OfflineData.data and .data_is_mapped: `data` holds train batches, which sample() must not map again."""
-    offline_data.data, offline_data.data_is_mapped = data, True
 
 
 def squared_advantage_norms(learner) -> dict:

@@ -1,4 +1,5 @@
-"""Train batches built from the dataset's columns with numpy, in place of RLlib's OfflinePreLearner.
+"""Train batches built from the dataset's columns with numpy, read by each learner in its own process, in place of
+RLlib's OfflinePreLearner and Ray Data pipeline.
 
 RLlib's OfflinePreLearner turns every Parquet row into a one-step `SingleAgentEpisode` in Python and runs the
 learner connector pipeline over those episodes, in a Ray actor that is started again (importing torch and
@@ -7,29 +8,29 @@ For MARWIL it is also wrong: with each row its own episode, the "returns" that w
 r + gamma * V(s') with V frozen at the module's initial weights (the actor never receives updated weights),
 and half of every batch is padding rows masked out of the loss.
 
-`TransitionsData` maps rows to the flattened `default_policy/<column>` batch each learner reads, with the
-stateless numpy function of the algorithm's `BatchPlan` (training/algorithms/batch_columns.py), in Ray Data
-tasks: BC's observations and actions, MARWIL's discounted returns-to-go over each episode, DQN's n-step
-returns.
+Rows become the flattened `default_policy/<column>` batch each learner reads through the stateless numpy function
+of the algorithm's `BatchPlan` (training/algorithms/batch_columns.py): BC's observations and actions, MARWIL's
+discounted returns-to-go over each episode, DQN's n-step returns. A small dataset is read once and held
+(`InMemoryBatches`); a larger one streams from its row groups at each pass (`StreamedBatches`). Each is sent to
+its learner small and reads there, from the files: no Ray Data tasks, and nothing in Ray's object store.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import ray
 import torch
-from ray.data import TaskPoolStrategy
 from ray.rllib.offline.offline_data import OfflineData
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 import dataset_format as dataset
-from common.errors import UserError
 from common.observations import ModelInput
-from training.algorithms.batch_columns import OBSERVATION_COLUMNS, network_observations
-from training.algorithms.rllib_internals import offline_data_map_kwargs, offline_data_rows, set_offline_data_mapped
+from training.algorithms.batch_columns import DEFAULT_MODULE_ID, OBSERVATION_COLUMNS, network_observations
 
 
 class InMemoryBatches:
@@ -57,10 +58,7 @@ class InMemoryBatches:
         """Reads and maps the rows (once); this learner's share stays."""
         if self.columns is None:
             mapped, self.frames = self.plan.held_batch(self.location)
-            shares = {name: values[self.shard::self.num_shards] for name, values in mapped.items()}
-            # Columns Arrow handed over without a copy are read-only, which torch warns about.
-            self.columns = {name: torch.from_numpy(share if share.flags.writeable and share.flags.c_contiguous
-                                                   else share.copy()) for name, share in shares.items()}
+            self.columns = {name: _tensor(values[self.shard::self.num_shards]) for name, values in mapped.items()}
             self.generator = torch.Generator().manual_seed(self.seed)
         return self
 
@@ -88,46 +86,101 @@ class InMemoryBatches:
 
 
 class StreamedBatches:
-    """A learner's stream of a large dataset's train batches: chunks of `local_shuffle_buffer_size` rows that Ray
-    Data reads and maps ahead of the learner, each shuffled with the rows the previous one left over and cut into
-    batches by tensor indexing.
+    """A learner's stream of a large dataset's train batches, read from the Parquet files in the learner's own
+    process at each pass: its row groups (runs of them of `plan.read_rows` rows or more) in a fresh order, read and
+    mapped by a thread up to `read_ahead_bytes` ahead of the learner, gathered into a shuffle buffer of at least
+    `local_shuffle_buffer_size` rows and cut into batches by tensor indexing; the rows a buffer leaves over (fewer
+    than a batch) join the next one, and a pass ends with its last rows, in a short batch.
 
-    It stands in for the `ray.data.DataIterator` RLlib's learner reads, and wraps it: Ray Data's own local shuffle
-    buffer concatenates and slices Arrow blocks for every batch, the slowest part of streaming small rows. A pass
-    ends with the rows left over, fewer than a batch.
+    Ray Data's stream, which it replaced, did not stream frames: its first batch came after the whole read
+    (benchmarks/README.md, Frames streamed). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
+    groups; where there are fewer runs than shards, each shard reads them all and keeps every `num_shards`-th row.
     """
 
-    def __init__(self, rows, plan: BatchPlan, seed: int | None):
-        self.rows, self.plan, self.generator = rows, plan, torch.Generator().manual_seed(seed or 0)
+    def __init__(self, location: dataset.Location, plan: BatchPlan, seed: int | None, read_ahead_bytes: int,
+                 shard: int = 0, num_shards: int = 1):
+        self.location, self.plan, self.read_ahead_bytes = location, plan, read_ahead_bytes
+        self.shard, self.num_shards = shard, num_shards
+        self.generator = torch.Generator().manual_seed((seed or 0) + shard)
+        self.runs: list[dataset.RowGroups] | None = None  # listed on first use, in the learner's process
+        self.rows_kept = slice(None)
         self.batch_size, self.buffer_rows, self.device = 0, 0, "cpu"
 
     def iter_torch_batches(self, *, batch_size: int, device="cpu", local_shuffle_buffer_size: int | None = None,
                            **_ray_data_kwargs) -> StreamedBatches:
+        """The batches to read, as `ray.data.DataIterator.iter_torch_batches` gives them."""
         self.batch_size, self.device = batch_size, device
         self.buffer_rows = max(local_shuffle_buffer_size or 0, batch_size)
         return self
 
     def __iter__(self):
-        left: dict[str, torch.Tensor] = {}
-        for chunk in self.rows.iter_torch_batches(batch_size=self.buffer_rows, prefetch_batches=1):
-            if left:
-                chunk = {name: torch.cat([left[name], values]) for name, values in chunk.items()}
-            rows = len(next(iter(chunk.values())))
-            order = torch.randperm(rows, generator=self.generator)
-            whole = rows - rows % self.batch_size
-            for start in range(0, whole, self.batch_size):
-                picked = order[start:start + self.batch_size]
-                yield self.plan.on_device({name: values[picked] for name, values in chunk.items()}, self.device)
-            left = {name: values[order[whole:]] for name, values in chunk.items()}
-        if left and len(next(iter(left.values()))):
-            yield self.plan.on_device(left, self.device)
+        runs = self._runs()
+        order = torch.randperm(len(runs), generator=self.generator).tolist()
+        read_ahead = max(1, self.read_ahead_bytes // max(1, max(run.bytes for run in runs)))
+        held: list[dict[str, torch.Tensor]] = []
+        rows = 0
+        for number, part in enumerate(read_in_order(self._mapped, [runs[i] for i in order], read_ahead)):
+            held.append(part)
+            rows += _length(part)
+            last = number == len(runs) - 1
+            if rows < self.buffer_rows and not last:
+                continue
+            buffer = {name: torch.cat([part[name] for part in held]) for name in held[0]}
+            shuffled = torch.randperm(rows, generator=self.generator)
+            drawn = rows if last else rows - rows % self.batch_size
+            for start in range(0, drawn, self.batch_size):
+                picked = shuffled[start:start + self.batch_size]
+                yield self.plan.on_device({name: values[picked] for name, values in buffer.items()}, self.device)
+            held, rows = [{name: values[shuffled[drawn:]] for name, values in buffer.items()}], rows - drawn
+
+    def _runs(self) -> list[dataset.RowGroups]:
+        if self.runs is None:
+            runs = dataset.row_group_runs(self.location, self.plan.read_rows)
+            if len(runs) >= self.num_shards:
+                self.runs = runs[self.shard::self.num_shards]
+            else:
+                self.runs, self.rows_kept = runs, slice(self.shard, None, self.num_shards)
+        return self.runs
+
+    def _mapped(self, run: dataset.RowGroups) -> dict[str, torch.Tensor]:
+        """The train batch columns of a run's rows (this shard's share of them), as tensors."""
+        batch = self.plan.train_batch(dataset.read_row_groups(self.location, run, self.plan.columns))
+        return {name: _tensor(values[self.rows_kept]) for name, values in batch.items()}
+
+
+def read_in_order(read: Callable, items: list, ahead: int) -> Iterator:
+    """`read(item)` of each item in order, read by a thread up to `ahead` items ahead of the caller. Parquet's
+    decoding and numpy release the GIL, so reading overlaps the learner's updates."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orl-stream")
+    pending: deque = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(read, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # the learner stopped reading: no more reads
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False)
+
+
+def _length(batch: dict[str, torch.Tensor]) -> int:
+    return len(next(iter(batch.values())))
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    # Columns Arrow handed over without a copy are read-only, which torch warns about.
+    return torch.from_numpy(values if values.flags.writeable and values.flags.c_contiguous else values.copy())
 
 
 @dataclass(frozen=True)
 class BatchPlan:
     """How an algorithm's learner batches are made from dataset rows: a batch_columns function and its
-    arguments, applied to `read_rows` rows at a time (None: each block as read), then observations made the
-    network's input (`model_input`, set by `rllib_config` for images and Discrete observations)."""
+    arguments, applied to `read_rows` rows at a time (None: each row group as read; held in memory, all at once),
+    then observations made the network's input (`model_input`, set by `rllib_config` for images and Discrete
+    observations)."""
 
     to_train_batch: Callable[..., dict[str, np.ndarray]]
     kwargs: dict = field(default_factory=dict)
@@ -140,8 +193,13 @@ class BatchPlan:
         device, a quarter of the bytes of the float32 input to hold, stream and copy."""
         return self.model_input is not None and not self.model_input.one_hot
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The dataset columns its batch function reads, the only ones read."""
+        return self.to_train_batch.columns
+
     def train_batch(self, rows) -> dict[str, np.ndarray]:
-        """Rows mapped to the learner's batch columns (in Ray Data tasks when streaming); images stay as stored."""
+        """Rows mapped to the learner's batch columns; images stay as stored."""
         batch = self.to_train_batch(rows, **self.kwargs)
         return batch if self.frames else network_observations(batch, self.model_input)
 
@@ -155,7 +213,7 @@ class BatchPlan:
         distinct frame held once, and become the network's input batch by batch (`network_batch`); a 4-frame
         stack would otherwise hold eight frames per transition, as float32."""
         if not self.frames:
-            return self.train_batch(dataset.read_table(location)), None
+            return self.train_batch(dataset.read_table(location, self.columns)), None
         frames, rows = dataset.read_frames(location, self.model_input.channels_first)
         return self.to_train_batch(rows, **self.kwargs), frames
 
@@ -168,77 +226,53 @@ class BatchPlan:
                                for name, ids in batch.items()}, device)
 
 
-@dataclass(frozen=True)
-class StreamSettings:
-    """Ray Data's memory budget and block size for datasets that stream (RLlib's config has no setting for
-    either)."""
-
-    read_ahead_bytes: int
-    block_bytes: int
-
-
 class TransitionsData(OfflineData):
-    """RLlib's OfflineData with the rows mapped by a stateless function in Ray Data tasks, instead of an
-    OfflinePreLearner actor. RLlib builds it from the config alone, so `for_plan` binds the batch plan, stream
-    settings and the dataset's location to a subclass that the config names."""
+    """RLlib's OfflineData, as the source of each learner's batches: `InMemoryBatches` where the dataset is held in
+    memory (`materialize_mapped_data`), else `StreamedBatches`, each reading its share of the files in the learner's
+    process. RLlib builds it from the config alone, so `for_plan` binds the batch plan, the stream's read-ahead and
+    the dataset's location to a subclass that the config names."""
 
     plan: BatchPlan
-    stream: StreamSettings
+    read_ahead_bytes: int
     location: dataset.Location
 
     @classmethod
-    def for_plan(cls, plan: BatchPlan, stream: StreamSettings, location: dataset.Location) -> type[TransitionsData]:
-        return type(cls.__name__, (cls,), {"plan": plan, "stream": stream, "location": location})
+    def for_plan(cls, plan: BatchPlan, read_ahead_bytes: int, location: dataset.Location) -> type[TransitionsData]:
+        return type(cls.__name__, (cls,), {"plan": plan, "read_ahead_bytes": read_ahead_bytes, "location": location})
 
     def __init__(self, config):
-        super().__init__(config)
-        data = offline_data_rows(self)
-        map_kwargs = dict(offline_data_map_kwargs(self))
-        # RLlib's `concurrency` (actors in its pre-learner pool) reads here as a pool of tasks, named as Ray Data
-        # now asks (it deprecated `concurrency`).
-        map_cpus = map_kwargs["num_cpus"] * map_kwargs["concurrency"]
-        map_kwargs["compute"] = TaskPoolStrategy(size=map_kwargs.pop("concurrency"))
-        data = data.map_batches(self.plan.train_batch, batch_size=self.plan.read_rows, batch_format="pyarrow",
-                                **map_kwargs)
-        # Small datasets are mapped once and held as tensors by each learner (InMemoryBatches): no Ray Data
-        # workers to start, and nothing in the object store. Larger ones stream.
+        # Not OfflineData.__init__, which opens the files as a Ray Dataset: the learners read them themselves.
+        # What RLlib reads of an OfflineData is `sample` and these settings, which its training step passes on.
+        self.config = config
+        self.iter_batches_kwargs = dict(config.iter_batches_kwargs)
         self.in_memory = config.materialize_mapped_data
-        if not self.in_memory:  # Ray Data reads ahead of the learner within this object-store budget, in blocks
-            require_cpus_to_stream(config, map_cpus)
-            options = data.context.execution_options
-            options.resource_limits = options.resource_limits.copy(object_store_memory=self.stream.read_ahead_bytes)
-            data.context.target_max_block_size = self.stream.block_bytes
-        set_offline_data_mapped(self, data)  # OfflineData.sample must not map again
+        self.batches: Iterator | None = None
 
     def sample(self, num_samples, return_iterator=False, num_shards=1, module_state=None):
-        if self.in_memory and return_iterator:  # RLlib asks for 0 shards for a learner in this process
-            return [InMemoryBatches(self.location, self.plan, self.config.seed, shard, max(num_shards, 1))
-                    for shard in range(max(num_shards, 1))]
+        """One source of batches per learner (RLlib asks for 0 shards for a learner in this process) or, where RLlib
+        updates once per iteration in this process, one batch, which its learner moves to its device."""
         if return_iterator:
-            streams = super().sample(num_samples, return_iterator=True, num_shards=num_shards)
-            shards = streams if isinstance(streams, list) else [streams]
-            return [StreamedBatches(rows, self.plan, (self.config.seed or 0) + shard)
-                    for shard, rows in enumerate(shards)]
-        return super().sample(num_samples, return_iterator=return_iterator, num_shards=num_shards,
-                              module_state=module_state)
+            shards = max(num_shards, 1)
+            return [self._batches(shard, shards) for shard in range(shards)]
+        if self.batches is None:
+            self.batches = _endless(self._batches(0, 1).iter_torch_batches(batch_size=num_samples,
+                                                                           **self.iter_batches_kwargs))
+        batch = {name.split("/", 1)[1]: values for name, values in next(self.batches).items()}
+        return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=_length(batch))
+
+    def _batches(self, shard: int, num_shards: int) -> InMemoryBatches | StreamedBatches:
+        if self.in_memory:
+            return InMemoryBatches(self.location, self.plan, self.config.seed, shard, num_shards)
+        return StreamedBatches(self.location, self.plan, self.config.seed, self.read_ahead_bytes, shard, num_shards)
 
 
-def require_cpus_to_stream(config, map_cpus: float) -> None:
-    """Streaming needs CPUs for its Ray Data map tasks (`map_cpus` in all) beside the learner actors' own; without
-    them it waits forever."""
-    learner_cpus = config.num_learners * (1 if config.num_cpus_per_learner == "auto" else config.num_cpus_per_learner)
-    cluster_cpus = ray.cluster_resources().get("CPU", 0)
-    if learner_cpus + map_cpus > cluster_cpus:
-        raise UserError(f"streaming this dataset needs {learner_cpus:g} CPUs for {config.num_learners} learners and "
-                        f"{map_cpus:g} for map_tasks, and Ray has {cluster_cpus:g}: lower num_learners or map_tasks, "
-                        "add CPUs, or raise memory_cache_mib to hold the dataset in memory")
+def _endless(passes: Iterable) -> Iterator:
+    while True:
+        yield from passes
 
 
 def release_data_iterator(learner) -> None:
-    """Closes a learner's Ray Data iterator in the learner's own process, while Ray is still up there.
-
-    Left to the interpreter's exit, the iterator's generator is closed after Ray's shutdown; Ray Data's cleanup then
-    reports stats, which initializes Ray again inside the exiting learner actor and crashes it ("Check failed:
-    !core_worker_process", core_worker_process.cc:92, Ray 2.60), with tracebacks on the driver's console."""
+    """Drops a learner's batch iterator in the learner's own process, while Ray is still up there: a stream stops
+    its reading thread and lets go of the rows it read ahead."""
     learner.iterator = None
     gc.collect()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -60,8 +62,7 @@ def _two_episodes() -> pa.Table:
 
 
 def test_batch_columns_use_rllibs_names_without_importing_torch_or_rllib():
-    """Ray Data workers import batch_columns to map rows: torch and RLlib there would make each worker
-    slow to start and large."""
+    """batch_columns is plain numpy over Arrow: usable (and testable) without a learner."""
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.columns import Columns
 
@@ -102,34 +103,40 @@ def test_n_step_transitions_stop_at_the_end_of_an_episode_or_batch():
     np.testing.assert_array_equal(out["default_policy/obs"], transitions(_two_episodes())["obs"])
 
 
-def _mapped(config) -> dict[str, np.ndarray]:
-    """Every train batch the algorithm's offline data class maps from the dataset's rows."""
-    batches = list(config.offline_data_class(config).data.iter_batches(batch_size=None))
-    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+def _streamed(algo: str, params, path) -> StreamedBatches:
+    params = dataclasses.replace(params, memory_cache_mib=0)
+    config = rllib_config(algo, params, path, seed=0)
+    [stream] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
+    return stream
 
 
-def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset, ray_local):
-    """Through Ray Data over the real files: every step is in the loss, with the return of its episode."""
+def _mapped(stream) -> dict[str, np.ndarray]:
+    """Every row of one pass of the stream (or held batches), as numpy columns."""
+    batches = list(stream.iter_torch_batches(batch_size=1000))
+    return {key: torch.cat([b[key] for b in batches]).numpy() for key in batches[0]}
+
+
+def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset):
+    """Streamed from the real files: every step is in the loss, with the return of its episode."""
     params = dataclasses.replace(load_params("params.yaml").algos.marwil, gamma=GAMMA)
-    batch = _mapped(rllib_config("marwil", params, mixture_dataset, seed=0))
+    batch = _mapped(_streamed("marwil", params, mixture_dataset))
 
     arrays = dataset.load_arrays(mixture_dataset)
     expected = np.zeros(len(arrays[Col.REWARDS]))
     for i in reversed(range(len(expected))):
         later = i + 1 < len(expected) and arrays[Col.EPS_ID][i + 1] == arrays[Col.EPS_ID][i]
         expected[i] = arrays[Col.REWARDS][i] + GAMMA * (expected[i + 1] if later else 0.0)
-    # Ray Data may hand the files over in any order: match rows by their observation.
+    # A pass reads the row groups in a fresh order and shuffles them: match rows by their observation.
     expected_by_obs = {obs.tobytes(): value for obs, value in zip(arrays[Col.OBS], expected)}
     assert len(batch["default_policy/obs"]) == len(expected) and batch["default_policy/loss_mask"].all()
     np.testing.assert_allclose(batch["default_policy/value_targets"],
                                [expected_by_obs[obs.tobytes()] for obs in batch["default_policy/obs"]], rtol=1e-6)
 
 
-def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
-    """Through Ray Data over the real files: CartPole pays 1 per step, so a k-step reward is sum of gamma^i."""
-    params = load_params("params.yaml").algos.dqn
-    params = type(params)(**{**params.__dict__, "n_step": 3, "gamma": GAMMA})
-    batch = _mapped(rllib_config("dqn", params, mixture_dataset, seed=0))
+def test_dqn_reads_n_step_returns_from_params(mixture_dataset):
+    """Streamed from the real files: CartPole pays 1 per step, so a k-step reward is sum of gamma^i."""
+    params = dataclasses.replace(load_params("params.yaml").algos.dqn, n_step=3, gamma=GAMMA)
+    batch = _mapped(_streamed("dqn", params, mixture_dataset))
     steps = batch[f"default_policy/{N_STEP}"]
     assert set(steps) == {1, 2, 3} and (steps == 3).mean() > 0.5
     np.testing.assert_allclose(batch["default_policy/rewards"], (1 - GAMMA**steps) / (1 - GAMMA), rtol=1e-6)
@@ -138,24 +145,22 @@ def test_dqn_reads_n_step_returns_from_params(mixture_dataset, ray_local):
 
 
 @pytest.mark.parametrize("cache_mib, in_memory", [(1024, True), (0, False)])
-def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, ray_local, cache_mib, in_memory):
+def test_small_datasets_are_held_in_memory_and_large_ones_stream(mixture_dataset, cache_mib, in_memory):
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": cache_mib})
     config = rllib_config("bc", params, mixture_dataset, seed=0)
     data = config.offline_data_class(config)
     [iterator] = data.sample(num_samples=64, return_iterator=True, num_shards=0)
     assert isinstance(iterator, InMemoryBatches if in_memory else StreamedBatches)
-    if not in_memory:  # reading ahead stays within the object-store budget, in blocks of the set size
-        limits = data.data.context.execution_options.resource_limits
-        assert limits.object_store_memory == params.stream_read_ahead_mib * 2**20
-        assert data.data.context.target_max_block_size == params.stream_block_mib * 2**20
+    if not in_memory:
+        assert iterator.read_ahead_bytes == params.stream_read_ahead_mib * 2**20
     batches = list(iterator.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=1000))
     rows = dataset.read_card(mixture_dataset).transitions
     assert sum(len(batch["default_policy/obs"]) for batch in batches) == (rows // 64 * 64 if in_memory else rows)
     assert sorted(batches[0]) == sorted(cloning_batch(_rows(mixture_dataset, 0, 1)))  # BC's two columns
 
 
-def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_dataset, ray_local):
+def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_dataset):
     params = load_params("params.yaml").algos.bc
     params = type(params)(**{**params.__dict__, "memory_cache_mib": 0})
     config = rllib_config("bc", params, mixture_dataset, seed=0)
@@ -170,16 +175,55 @@ def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_d
     assert max(first) - min(first) > 4 * 64  # a batch mixes steps from far apart in the files, not one episode
 
 
-def test_streaming_without_cpus_beside_the_learners_is_refused_in_one_line(mixture_dataset, ray_local):
-    """Two learner actors and a map task want 3 CPUs of Ray's 2: the stream would wait forever."""
-    params = load_params("params.yaml").algos.bc
-    params = type(params)(**{**params.__dict__, "memory_cache_mib": 0, "num_learners": 2})
+@pytest.mark.parametrize("num_shards", [2, 64])
+def test_each_streamed_shard_reads_its_own_rows(mixture_dataset, num_shards):
+    """Learners streaming a dataset each read a disjoint share of it: every num_shards-th run of row groups, or
+    where there are fewer runs than learners (64 here), every num_shards-th row of each."""
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, memory_cache_mib=0)
     config = rllib_config("bc", params, mixture_dataset, seed=0)
-    with pytest.raises(UserError, match="needs 2 CPUs for 2 learners and 1 for map_tasks, and Ray has 2"):
-        config.offline_data_class(config)
+    shards = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=num_shards)
+    seen = [[row.tobytes() for row in _mapped(shard)["default_policy/obs"]] for shard in shards]
+    everything = [row.tobytes() for row in dataset.load_arrays(mixture_dataset)[Col.OBS]]
+    assert sorted(sum(seen, [])) == sorted(everything)  # each row once, in one shard
+    assert all(seen)
+    assert 2 <= len(dataset.row_group_runs(mixture_dataset)) < 64
 
 
-def test_in_memory_passes_are_fresh_permutations(mixture_dataset, ray_local):
+def test_one_batch_at_a_time_where_rllib_updates_once_per_iteration(mixture_dataset):
+    """With updates_per_iteration 1 and no learner actors RLlib asks for one batch per iteration, not an iterator;
+    batches go on past the end of a pass."""
+    params = load_params("params.yaml").algos.bc
+    config = rllib_config("bc", dataclasses.replace(params, updates_per_iteration=1), mixture_dataset, seed=0)
+    data = config.offline_data_class(config)
+    rows = dataset.read_card(mixture_dataset).transitions
+    batches = [data.sample(num_samples=256, return_iterator=False) for _ in range(rows // 256 + 2)]
+    assert all(batch.env_steps() == 256 for batch in batches)
+    assert sorted(batches[0]["default_policy"]) == ["actions", "obs"]
+
+
+def test_a_file_unreadable_mid_stream_ends_in_one_line_naming_it(tmp_path):
+    path = write_frame_stacks(tmp_path / "stacks")
+    stream = _streamed("bc", load_params("params.yaml").algos.bc, path)
+    name = dataset.read_card(path).files[1]["path"]
+    (path / name).write_bytes(b"not parquet")
+    with pytest.raises(UserError, match=f"{name} is not a readable Parquet file .*; re-collect the dataset"):
+        list(stream.iter_torch_batches(batch_size=4))
+
+
+def test_a_stream_the_learner_stops_reading_stops_its_reader(tmp_path):
+    path = write_frame_stacks(tmp_path / "stacks", episodes=6)
+    stream = _streamed("bc", load_params("params.yaml").algos.bc, path)
+    batches = iter(stream.iter_torch_batches(batch_size=2))
+    next(batches)
+    assert any(thread.name.startswith("orl-stream") for thread in threading.enumerate())
+    batches.close()
+    deadline = time.monotonic() + 30
+    while any(thread.name.startswith("orl-stream") for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "the reader thread outlived its stream"
+        time.sleep(0.05)
+
+
+def test_in_memory_passes_are_fresh_permutations(mixture_dataset):
     params = load_params("params.yaml").algos.bc
     config = rllib_config("bc", params, mixture_dataset, seed=0)
     [data] = config.offline_data_class(config).sample(num_samples=0, return_iterator=True, num_shards=0)
@@ -202,10 +246,10 @@ def _rows_as_bytes(batch: dict) -> set[tuple[bytes, ...]]:
 
 @pytest.mark.parametrize("algo", ["bc", "marwil", "dqn"])
 @pytest.mark.parametrize("streamed", [False, True])
-def test_frame_stacks_give_the_batches_of_the_mapped_rows(tmp_path, ray_local, algo, streamed):
+def test_frame_stacks_give_the_batches_of_the_mapped_rows(tmp_path, algo, streamed):
     """An image dataset's frames become the network's input (channels-last, in [0, 1]) batch by batch, on the
-    learner's side: held in memory, its observations are ids into its frames, each frame held once; streamed, Ray
-    Data's tasks pass the frames on as stored (uint8). Each row of a pass is a row of what mapping the Parquet rows
+    learner's side: held in memory, its observations are ids into its frames, each frame held once; streamed, the
+    frames are read as stored (uint8). Each row of a pass is a row of what mapping the Parquet rows
     gives, next observations (DQN's n-step, MARWIL's bootstrap) included."""
     path = write_frame_stacks(tmp_path / "stacks")
     params = dataclasses.replace(getattr(load_params("params.yaml").algos, algo),
