@@ -16,6 +16,7 @@ Random CartPole episodes (22 steps on average), the cheapest data to make at thi
     moto_server -H 127.0.0.1 -p 9000 &     # any S3-compatible store; moto keeps objects in memory
     AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \\
         python -m benchmarks.scale_out --sizes 1000000 10000000 --s3 s3://orl-bench/scale
+    python -m benchmarks.scale_out --sizes 1000000 10000000 --datasets DIR_1M DIR_10M     # training only
 
 (Run as a module from the repository root.)
 """
@@ -157,6 +158,8 @@ def main() -> None:
     parser.add_argument("--episodes-per-task", type=int, default=2000,
                         help="collect.episodes_per_task; random CartPole episodes are short")
     parser.add_argument("--s3", help="s3://BUCKET/PREFIX to collect the largest dataset to and stream it from")
+    parser.add_argument("--datasets", nargs="+", help="datasets to train on, one per size in the order of --sizes, "
+                        "instead of collecting them (no collection table)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one measurement, in a fresh process
     parser.add_argument("--algo", help=argparse.SUPPRESS)
     parser.add_argument("--memory-cache-mib", type=int, help=argparse.SUPPRESS)
@@ -165,10 +168,15 @@ def main() -> None:
         print(json.dumps(measure(args.measure, args.algo, args.memory_cache_mib, args.iterations)))
         return
 
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    write_params(args.data_dir, args.sizes, args.episodes_per_task)
-    paths, collection = collect_all(args.data_dir, args.sizes, args.s3)
-    print("| transitions | collected on | seconds | transitions/s |\n|---|---|---|---|\n" + "\n".join(collection))
+    if args.datasets:
+        if args.s3 or len(args.datasets) != len(args.sizes):
+            parser.error("--datasets takes one dataset per size, and no --s3")
+        paths = dict(zip(args.sizes, args.datasets))
+    else:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        write_params(args.data_dir, args.sizes, args.episodes_per_task)
+        paths, collection = collect_all(args.data_dir, args.sizes, args.s3)
+        print("| transitions | collected on | seconds | transitions/s |\n|---|---|---|---|\n" + "\n".join(collection))
 
     rows = [("| algo | transitions | data | start-up (s) | first iteration (s) | samples/s | streamed ÷ in memory | "
              "driver peak RSS (MiB) | learner peak RSS (MiB) |"), "|---|---|---|---|---|---|---|---|---|"]

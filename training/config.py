@@ -53,10 +53,11 @@ class LearnerParams:
     process, each pass a fresh shuffle of all rows. Larger ones stream from Parquet at each pass through
     `shuffle_buffer`, each learner reading its files itself: memory stays flat, but each pass reads the files
     again. 0 always streams."""
-    stream_read_ahead_mib: int = 256
+    stream_read_ahead_mib: int = 64
     """For datasets that stream: memory for the row groups a learner reads and maps ahead of its updates, beside
     its shuffle buffer (at least one run of row groups). With the buffer, it bounds a learner's memory whatever the
-    dataset's size."""
+    dataset's size; 256 let the learner grow by a quarter from 1M to 10M transitions, for no gain in speed
+    (benchmarks/README.md, Scale out)."""
     num_learners: int = 0
     """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
