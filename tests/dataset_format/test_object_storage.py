@@ -84,7 +84,9 @@ def test_every_reader_takes_the_s3_uri(expert_dataset, ray_local, bucket):
 
 def test_orl_lists_shows_validates_and_trains_from_s3(expert_dataset, bucket, tmp_path):
     uri = upload(expert_dataset, bucket, "data/cartpole-expert")
-    write_params(tmp_path, {}, bc={"iterations": 2, "updates_per_iteration": 5, "hidden_layers": [32, 32]})
+    # memory_cache_mib 0: the learner streams the row groups from the store as it trains.
+    write_params(tmp_path, {}, bc={"iterations": 2, "updates_per_iteration": 5, "hidden_layers": [32, 32],
+                                   "memory_cache_mib": 0})
     listed = orl("datasets", "list", f"s3://{bucket}/data", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stdout.startswith(uri), listed.stderr[-2000:]
     for command in (["datasets", "show", uri], ["datasets", "validate", uri]):
