@@ -281,11 +281,12 @@ def test_each_learner_holds_its_own_share_of_the_rows(mixture_dataset):
 
 
 @pytest.mark.slow  # two learner actors, each a process with torch
-def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local):
-    """num_learners=2: each learner actor holds its share of the dataset, and their averaged gradients keep
-    their weights equal."""
-    params = load_params("params.yaml").algos.bc
-    params = type(params)(**{**params.__dict__, "num_learners": 2, "updates_per_iteration": 3, "batch_size": 64})
+@pytest.mark.parametrize("cache_mib", [256, 0], ids=["held", "streamed"])
+def test_two_learner_actors_train_in_lockstep(mixture_dataset, ray_local, cache_mib):
+    """num_learners=2: each learner actor reads its share of the dataset (held or streamed), and their averaged
+    gradients keep their weights equal."""
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, num_learners=2, updates_per_iteration=3,
+                                 batch_size=64, memory_cache_mib=cache_mib)
     config = rllib_config("bc", params, mixture_dataset, seed=0)
     algorithm = config.build_algo()
 
