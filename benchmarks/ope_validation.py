@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--train-fraction", type=float,
                         help="train the candidates on this seeded share of each dataset's episodes and fit and "
                              "estimate OPE on the others (default: both on every episode, as the pipeline does)")
+    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS,
+                        help="validate only these (default: every estimator the dataset allows); FQE and doubly "
+                             "robust alone skip the model-based estimator's fits")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates",
                         help="where each candidate's checkpoint and true score are kept for the next run")
@@ -90,7 +93,7 @@ def main() -> None:
                                                      params.ope.seed, cache / "dataset")
         training_card = dataset.read_card(training_data)
         fit, held_out = split_episodes(episodes, params.ope)
-        estimators = [e for e in ESTIMATORS if e not in undefined_estimators(card)]
+        estimators = [e for e in args.estimators or ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
         algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS
         for algo in [a for a in algos if not args.algos or a in args.algos]:
