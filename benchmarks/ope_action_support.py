@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
 import dataset_format as dataset
 from benchmarks.fqe_along_rollouts import nearest_distances
@@ -30,6 +29,7 @@ from common.envs import make_env
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.ope import logged_episodes
+from evaluation.ope_validation import spearman
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
         means.append(distance.mean())
         print(f"| {folder.name} | {candidate['truth']:.1f} | {candidate['fqe']:.1f} | {errors[-1]:+.1f} | "
               f"{means[-1]:.2f} | {np.median(distance):.2f} |")
-    print(f"\nSpearman of FQE's error with the mean support distance: {spearmanr(errors, means)[0]:+.2f}")
+    print(f"\nSpearman of FQE's error with the mean support distance: {spearman(errors, means):+.2f}")
 
 
 if __name__ == "__main__":
