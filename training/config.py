@@ -135,8 +135,9 @@ class MARWILParams(LearnerParams):
     RLlib's default, 1e-8, leaves it at its start value (100) for good, so weights grow as exp(beta * A / 10)
     whatever the rewards' scale."""
     returns_read_rows: int = 65_536
-    """Rows read at once to compute discounted returns-to-go. An episode cut at the end of such a read lacks
-    its future rewards, so its steps there are left out of the loss: keep this well above episode lengths."""
+    """Rows read at once to compute discounted returns-to-go. An episode cut at the end of such a read is bootstrapped
+    there with the current value function, as at the env's time limit; above episode lengths, few are. Streamed, a
+    read holds this many rows: lower it for large observations (65,536 4-frame 84x84 stacks are 3.7 GB)."""
 
     def __post_init__(self):
         super().__post_init__()

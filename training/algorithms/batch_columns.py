@@ -17,7 +17,7 @@ from dataset_format import Col, column_to_numpy
 DEFAULT_MODULE_ID = "default_policy"
 OBS, NEXT_OBS, ACTIONS, REWARDS = "obs", "new_obs", "actions", "rewards"
 TERMINATEDS, TRUNCATEDS, ACTION_LOGP = "terminateds", "truncateds", "action_logp"
-VALUE_TARGETS, LOSS_MASK = "value_targets", "loss_mask"
+VALUE_TARGETS = "value_targets"
 # Ours: MARWIL's value target adds BOOTSTRAP_DISCOUNT * V(BOOTSTRAP_OBS), computed by the learner.
 BOOTSTRAP_OBS, BOOTSTRAP_DISCOUNT = "bootstrap_obs", "bootstrap_discount"
 
@@ -101,31 +101,27 @@ def returns_to_go(rewards: np.ndarray, run_ends: np.ndarray, gamma: float) -> np
     return out
 
 
-@reads(Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS, Col.TRUNCATEDS, Col.EPS_ID, Col.T)
+@reads(Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS, Col.TERMINATEDS, Col.EPS_ID, Col.T)
 def with_returns(rows: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     """Transitions plus MARWIL's value targets: the behaviour policy's discounted returns-to-go.
 
-    A batch can cut the episode at its end; those rows lack their future rewards, so the loss mask leaves them
-    out. An episode the env's time limit cut goes on past it: each of its rows carries the last new_obs and
-    gamma^(steps to it), and the learner adds that discount times the value there. Stopped at the limit
-    instead, the returns of a random episode's last steps would be those of a goal's approach (Acrobot's -1 per
-    step), and MARWIL would copy the random actions there.
+    A run of an episode's steps that does not end it (the env's time limit cut it, or this batch of rows does) goes on
+    past its last row: each of its rows carries that row's new_obs and gamma^(steps to it), and the learner adds that
+    discount times the value there. Stopped at the limit instead, the returns of a random episode's last steps would
+    be those of a goal's approach (Acrobot's -1 per step), and MARWIL would copy the random actions there.
     """
-    columns = transitions(rows, (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, TRUNCATEDS))
+    columns = transitions(rows, (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS))
     run_ends = episode_run_ends(column_to_numpy(rows[Col.EPS_ID]), column_to_numpy(rows[Col.T]))
-    done = columns[TERMINATEDS] | columns[TRUNCATEDS]
     run_of_row = np.concatenate([[0], np.cumsum(run_ends[:-1])])
     last_of_row = np.flatnonzero(run_ends)[run_of_row]
-    cut_by_time_limit = columns[TRUNCATEDS][last_of_row] & ~columns[TERMINATEDS][last_of_row]
-    steps_to_limit = last_of_row - np.arange(len(last_of_row)) + 1
+    goes_on = ~columns[TERMINATEDS][last_of_row]
+    steps_to_end = last_of_row - np.arange(len(last_of_row)) + 1
     return flat({
         OBS: columns[OBS],
         ACTIONS: columns[ACTIONS],
         VALUE_TARGETS: returns_to_go(columns[REWARDS], run_ends, gamma),
-        LOSS_MASK: done[last_of_row],  # the run's last row ends the episode
         BOOTSTRAP_OBS: columns[NEXT_OBS][last_of_row],
-        BOOTSTRAP_DISCOUNT: np.where(cut_by_time_limit, gamma ** steps_to_limit.astype(np.float64),
-                                     0.0).astype(np.float32),
+        BOOTSTRAP_DISCOUNT: np.where(goes_on, gamma ** steps_to_end.astype(np.float64), 0.0).astype(np.float32),
     })
 
 

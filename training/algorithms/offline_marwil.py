@@ -3,8 +3,9 @@
 RLlib 2.60's offline MARWIL makes every row a one-step episode, so its value targets are r + gamma * V(s')
 with V frozen at initialisation (see train_batches.py). Its batch function (`with_returns`) computes the Monte
 Carlo returns MARWIL is defined with, from `returns_read_rows` rows at a time, bootstrapped with the current
-value function where the env's time limit cut an episode. BC is RLlib's MARWIL with beta = 0 and no value function;
-it reads plain transitions, and its loss is computed without the MARWIL terms that beta = 0 leaves as no-ops.
+value function where the env's time limit or the end of a read cut an episode. BC is RLlib's MARWIL with beta = 0
+and no value function; it reads plain transitions, and its loss is computed without the MARWIL terms that beta = 0
+leaves as no-ops.
 
 MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
 c^2 at 100 whatever the rewards' scale; on LunarLander's returns-to-go the first batches' weights went to a
@@ -21,14 +22,14 @@ from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLe
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.learner import POLICY_LOSS_KEY
 
-from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, LOSS_MASK, OBS, VALUE_TARGETS
+from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, OBS, VALUE_TARGETS
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import squared_advantage_norms
 
 
 class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
     def compute_loss_for_module(self, *, module_id, config=None, batch, fwd_out):
-        # Bootstrapped at the env's time limit with the current value function.
+        # Bootstrapped with the current value function where a run of an episode's steps does not end it.
         with torch.no_grad():
             values = self.module[module_id].unwrapped().compute_values({OBS: batch[BOOTSTRAP_OBS]})
         batch = {**batch, VALUE_TARGETS: batch[VALUE_TARGETS] + batch[BOOTSTRAP_DISCOUNT] * values}
@@ -38,11 +39,10 @@ class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
         return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
     def _squared_advantages(self, module_id, batch) -> torch.Tensor:
-        """The batch's mean squared advantage under the current value function, over the rows in the loss."""
+        """The batch's mean squared advantage under the current value function."""
         with torch.no_grad():
             values = self.module[module_id].unwrapped().compute_values({OBS: batch[OBS]})
-        squared = (batch[VALUE_TARGETS] - values).square()
-        return squared[batch[LOSS_MASK]].mean() if LOSS_MASK in batch else squared.mean()
+        return (batch[VALUE_TARGETS] - values).square().mean()
 
 
 class OfflineBCTorchLearner(LeanTorchLearner, MARWILTorchLearner):

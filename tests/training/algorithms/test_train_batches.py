@@ -68,7 +68,7 @@ def test_batch_columns_use_rllibs_names_without_importing_torch_or_rllib():
 
     assert batch_columns.DEFAULT_MODULE_ID == DEFAULT_MODULE_ID
     for name in ("OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "ACTION_LOGP",
-                 "VALUE_TARGETS", "LOSS_MASK"):
+                 "VALUE_TARGETS"):
         assert getattr(batch_columns, name) == getattr(Columns, name), name
     imported = subprocess.run([sys.executable, "-c", "import sys, training.algorithms.batch_columns; "
                                "print(sorted({'torch', 'ray.rllib'} & set(sys.modules)))"],
@@ -76,22 +76,23 @@ def test_batch_columns_use_rllibs_names_without_importing_torch_or_rllib():
     assert imported.stdout.strip() == "[]"
 
 
-def test_returns_to_go_within_episodes_and_mask_on_episodes_cut_by_the_batch():
+def test_returns_to_go_within_episodes_and_bootstrapped_where_the_batch_cuts_an_episode():
     out = with_returns(_two_episodes(), gamma=GAMMA)
     np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
-    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True, True, False, False, False])
+    # The learner adds discount * V(bootstrap_obs): 0 for the terminated episode 7; episode 8 goes on after the
+    # batch, from its last new_obs ([4, 4]), gamma^(steps to it) away.
+    np.testing.assert_allclose(out["default_policy/bootstrap_discount"], [0, 0, 0.5 ** 3, 0.5 ** 2, 0.5])
+    np.testing.assert_array_equal(out["default_policy/bootstrap_obs"][2:], [[4, 4]] * 3)
 
 
-def test_returns_of_an_episode_cut_by_the_time_limit_are_bootstrapped_from_its_last_new_obs():
+def test_an_episode_cut_by_the_time_limit_is_bootstrapped_as_one_the_batch_cuts():
     rows = _two_episodes()
     rows = rows.set_column(rows.schema.get_field_index(Col.TRUNCATEDS), Col.TRUNCATEDS,
                            pa.array([False, False, False, False, True]))  # episode 8 reaches the time limit
-    out = with_returns(rows, gamma=GAMMA)
-    np.testing.assert_allclose(out["default_policy/value_targets"], [1 + 0.5 * 2, 2, 4 + 4 + 4, 8 + 8, 16])
-    # The learner adds discount * V(bootstrap_obs): 0 for the terminated episode, gamma^(steps to the limit).
-    np.testing.assert_allclose(out["default_policy/bootstrap_discount"], [0, 0, 0.5 ** 3, 0.5 ** 2, 0.5])
-    np.testing.assert_array_equal(out["default_policy/bootstrap_obs"][2:], [[4, 4]] * 3)
-    np.testing.assert_array_equal(out["default_policy/loss_mask"], [True] * 5)
+    cut_by_the_limit, cut_by_the_batch = with_returns(rows, gamma=GAMMA), with_returns(_two_episodes(), gamma=GAMMA)
+    assert sorted(cut_by_the_limit) == sorted(cut_by_the_batch)
+    for name, values in cut_by_the_batch.items():
+        np.testing.assert_array_equal(cut_by_the_limit[name], values, err_msg=name)
 
 
 def test_n_step_transitions_stop_at_the_end_of_an_episode_or_batch():
@@ -117,7 +118,7 @@ def _mapped(stream) -> dict[str, np.ndarray]:
 
 
 def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset):
-    """Streamed from the real files: every step is in the loss, with the return of its episode."""
+    """Streamed from the real files: every step has the return of its episode."""
     params = dataclasses.replace(load_params("params.yaml").algos.marwil, gamma=GAMMA)
     batch = _mapped(_streamed("marwil", params, mixture_dataset))
 
@@ -128,7 +129,8 @@ def test_marwil_reads_the_discounted_returns_of_whole_episodes(mixture_dataset):
         expected[i] = arrays[Col.REWARDS][i] + GAMMA * (expected[i + 1] if later else 0.0)
     # A pass reads the row groups in a fresh order and shuffles them: match rows by their observation.
     expected_by_obs = {obs.tobytes(): value for obs, value in zip(arrays[Col.OBS], expected)}
-    assert len(batch["default_policy/obs"]) == len(expected) and batch["default_policy/loss_mask"].all()
+    assert len(batch["default_policy/obs"]) == len(expected)
+    assert not batch["default_policy/bootstrap_discount"].any()  # whole episodes, none cut by the time limit
     np.testing.assert_allclose(batch["default_policy/value_targets"],
                                [expected_by_obs[obs.tobytes()] for obs in batch["default_policy/obs"]], rtol=1e-6)
 
