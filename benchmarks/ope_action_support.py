@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import dataset_format as dataset
-from benchmarks.fqe_along_rollouts import nearest_distances
+from benchmarks.fqe_along_rollouts import StateDistances
 from collectors.config import PolicyConfig
 from collectors.policies import build_policy
 from common.envs import make_env
@@ -41,14 +41,10 @@ def main() -> None:
     location = dataset.locate(args.dataset)
     card = dataset.read_card(location)
     a = logged_episodes(location, card).arrays
-    mean, spread = a[Col.OBS].mean(axis=0), a[Col.OBS].std(axis=0) + 1e-8
-    logged, next_states = (a[Col.OBS] - mean) / spread, (a[Col.NEW_OBS] - mean) / spread
-    shuffled = np.random.default_rng(0).permutation(len(logged))
-    spacing = float(nearest_distances(logged[shuffled[-2000:]], logged[shuffled[:-2000]]).mean())
-    actions = card.spaces[1].n
+    states = StateDistances(a[Col.OBS])
     # (next states, actions): the distance from s' to the nearest logged state where the data took each action.
-    support = np.stack([nearest_distances(next_states, logged[a[Col.ACTIONS] == action])
-                        for action in range(actions)], axis=1) / spacing
+    support = np.stack([states.to_nearest(a[Col.NEW_OBS], among=a[Col.ACTIONS] == action)
+                        for action in range(card.spaces[1].n)], axis=1)
     print("| policy | true score | FQE | FQE's error | support distance: mean | median |\n|---|---|---|---|---|---|")
     behaviour = card.behavior_policy
     if behaviour.get("kind") == "mixture" and behaviour["base"].get("kind") == "callable":
