@@ -246,21 +246,22 @@ class TransitionsData(OfflineData):
         self.config = config
         self.iter_batches_kwargs = dict(config.iter_batches_kwargs)
         self.in_memory = config.materialize_mapped_data
-        self.batches: Iterator | None = None
+        self.one_at_a_time: Iterator | None = None  # the batches `sample` hands out singly
 
     def sample(self, num_samples, return_iterator=False, num_shards=1, module_state=None):
         """One source of batches per learner (RLlib asks for 0 shards for a learner in this process) or, where RLlib
         updates once per iteration in this process, one batch, which its learner moves to its device."""
         if return_iterator:
             shards = max(num_shards, 1)
-            return [self._batches(shard, shards) for shard in range(shards)]
-        if self.batches is None:
-            self.batches = _endless(self._batches(0, 1).iter_torch_batches(batch_size=num_samples,
-                                                                           **self.iter_batches_kwargs))
-        batch = {name.split("/", 1)[1]: values for name, values in next(self.batches).items()}
+            return [self._source(shard, shards) for shard in range(shards)]
+        if self.one_at_a_time is None:
+            self.one_at_a_time = _endless(self._source(0, 1).iter_torch_batches(batch_size=num_samples,
+                                                                                **self.iter_batches_kwargs))
+        batch = {name.split("/", 1)[1]: values for name, values in next(self.one_at_a_time).items()}
         return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=_length(batch))
 
-    def _batches(self, shard: int, num_shards: int) -> InMemoryBatches | StreamedBatches:
+    def _source(self, shard: int, num_shards: int) -> InMemoryBatches | StreamedBatches:
+        """Shard `shard` of `num_shards`'s batches, held or streamed."""
         if self.in_memory:
             return InMemoryBatches(self.location, self.plan, self.config.seed, shard, num_shards)
         return StreamedBatches(self.location, self.plan, self.config.seed, self.read_ahead_bytes, shard, num_shards)
