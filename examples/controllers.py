@@ -1,5 +1,5 @@
-"""Hand-written controllers for Gymnasium's classic-control and Box2D tasks: behaviour policies of kind
-`callable` (`callable: examples.controllers:cartpole`), and the expert references of the quick tour and the
+"""Hand-written controllers for Gymnasium's classic-control and Box2D tasks and for Atari Pong: behaviour policies
+of kind `callable` (`callable: examples.controllers:cartpole`), and the expert references of the quick tour and the
 full suite (params.yaml's `references:`).
 
 A controller takes a batch of observations, one row per environment, and returns a batch of actions. These are
@@ -64,3 +64,64 @@ def pendulum(obs: np.ndarray) -> np.ndarray:
 def lunar_lander(obs: np.ndarray) -> np.ndarray:
     """LunarLander-v3 (discrete): gymnasium's own heuristic lander."""
     return np.array([_lunar_lander_one(o) for o in obs])
+
+
+# Pong as AtariPreprocessing draws it (84x84 grey, the playing field between the walls) under a 4-frame
+# FrameStackObservation: rows and columns of the frame, and the background's grey.
+_PONG_FIELD_ROWS = (14, 77)  # between the top and bottom walls
+_PONG_BALL_COLUMNS = (11, 73)  # between the two paddles' columns
+_PONG_PADDLE_COLUMN = 74  # ours, on the right
+_PONG_BACKGROUND = 87
+_PONG_UP, _PONG_DOWN, _PONG_NOOP = 2, 3, 0  # ALE's RIGHT and LEFT move our paddle up and down
+# Wider than half the paddle (7 rows tall): narrower bands make it chase the ball up and down and miss, under
+# sticky actions and its momentum (the sweep: benchmarks/README.md, Atari references).
+_PONG_DEAD_BAND = 6.0
+
+
+def _pong_ball(frame: np.ndarray) -> tuple[float, float] | None:
+    top, bottom = _PONG_FIELD_ROWS
+    left, right = _PONG_BALL_COLUMNS
+    rows, columns = np.nonzero(frame[top:bottom, left:right] != _PONG_BACKGROUND)
+    return (rows.mean() + top, columns.mean() + left) if len(rows) else None
+
+
+def _pong_paddle(frame: np.ndarray) -> float | None:
+    top, bottom = _PONG_FIELD_ROWS
+    rows = np.nonzero(frame[top:bottom, _PONG_PADDLE_COLUMN] != _PONG_BACKGROUND)[0]
+    return (rows.min() + rows.max()) / 2 + top if len(rows) else None
+
+
+def _pong_intercept(before: np.ndarray, now: np.ndarray) -> float | None:
+    """The row at which the ball reaches our paddle, bouncing off the walls, or None while it moves away."""
+    ball, previous = _pong_ball(now), _pong_ball(before)
+    if ball is None or previous is None or ball[1] <= previous[1]:
+        return None
+    row_speed, column_speed = ball[0] - previous[0], ball[1] - previous[1]
+    row = ball[0] + row_speed * (_PONG_PADDLE_COLUMN - ball[1]) / column_speed
+    low, span = _PONG_FIELD_ROWS[0] + 1, _PONG_FIELD_ROWS[1] - _PONG_FIELD_ROWS[0] - 3
+    folded = (row - low) % (2 * span)  # each wall bounce mirrors the path
+    return low + span - abs(span - folded)
+
+
+def _pong_one(stack: np.ndarray) -> int:
+    if stack.shape != (4, 84, 84):
+        raise ValueError(f"pong reads stacks of 4 AtariPreprocessing frames, shape (4, 84, 84); got {stack.shape}")
+    paddle, previous = _pong_paddle(stack[-1]), _pong_paddle(stack[-2])
+    if paddle is None:
+        return _PONG_NOOP
+    target = _pong_intercept(stack[-2], stack[-1])
+    if target is None:  # the ball moves away: wait in the middle
+        target = sum(_PONG_FIELD_ROWS) / 2
+    # Where the paddle would coast to if released: its speed decays by about half each step.
+    coasting = paddle + (0.0 if previous is None else paddle - previous)
+    if target < coasting - _PONG_DEAD_BAND:
+        return _PONG_UP
+    if target > coasting + _PONG_DEAD_BAND:
+        return _PONG_DOWN
+    return _PONG_NOOP
+
+
+def pong(obs: np.ndarray) -> np.ndarray:
+    """ALE/Pong-v5 with AtariPreprocessing and FrameStackObservation(4): reads the ball and its paddle from the last
+    two frames, predicts where the ball will cross the paddle's column (bouncing off the walls), and moves there."""
+    return np.array([_pong_one(o) for o in obs])
