@@ -42,15 +42,20 @@ class EpisodeRunner:
     Ray Data keeps one per collector actor and calls it with each task, so the environments and the policy
     (a model, for neural ones) are built once per actor, not once per task. `policy`, when given, is the one
     `policy_config` describes, already built (`orl train-online` scores the module it is training).
+    `observations=False` leaves the observations out of its tables, for returns alone: an evaluator of long image
+    episodes would otherwise hold every frame of them, gigabytes it never reads.
     """
 
     def __init__(self, env: EnvSpec, policy_config: PolicyConfig, seed: int, num_envs: int, progress=None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, observations: bool = True):
         self.envs = [make_env(env) for _ in range(num_envs)]
         action_space = self.envs[0].action_space
         self.policy = policy or build_policy(policy_config, self.envs[0])
         self.with_logp = self.policy.with_logp
         self.schema = arrow_schema(self.envs[0].observation_space, action_space, self.with_logp)
+        self.observations = observations
+        if not observations:
+            self.schema = pa.schema([f for f in self.schema if f.name not in (Col.OBS, Col.NEW_OBS)])
         self.random_policy = RandomPolicy(action_space)
         self.random_episodes = policy_config.random_episodes
         self.seed = seed
@@ -97,10 +102,11 @@ class EpisodeRunner:
             for row, i in enumerate(active):
                 new_obs, reward, terminated, truncated, _ = envs[i].step(env_actions[row])
                 steps[Col.EPS_ID].append(eps_of[i])
-                steps[Col.OBS].append(obs[row])
+                if self.observations:
+                    steps[Col.OBS].append(obs[row])
+                    steps[Col.NEW_OBS].append(new_obs)
                 steps[Col.ACTIONS].append(actions[row])
                 steps[Col.REWARDS].append(reward)
-                steps[Col.NEW_OBS].append(new_obs)
                 steps[Col.TERMINATEDS].append(terminated)
                 steps[Col.TRUNCATEDS].append(truncated)
                 if logp is not None:
@@ -160,10 +166,12 @@ class Progress:
 
 
 def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]],
-                     num_collectors: int, num_envs: int, progress, label: str) -> ray.data.Dataset:
+                     num_collectors: int, num_envs: int, progress, label: str,
+                     observations: bool = True) -> ray.data.Dataset:
     """A lazy Ray Dataset of the transitions of every task's episodes, in task order, run by a pool of
-    `num_collectors` actors (1 CPU each). A collector that dies is restarted and its task re-run; episodes are
-    seeded by index, so the redone task is identical. Consuming it streams: memory holds a few tasks, not all.
+    `num_collectors` actors (1 CPU each), with the observations unless `observations` is False (`EpisodeRunner`). A
+    collector that dies is restarted and its task re-run; episodes are seeded by index, so the redone task is
+    identical. Consuming it streams: memory holds a few tasks, not all.
 
     The actors are named after `label` (`MapWorker(MapBatches(collect cartpole-random))` in Ray's dashboard and
     `ray list actors`), so a person watching a cluster tells a dataset's collectors from a run's evaluators."""
@@ -187,7 +195,8 @@ def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks
     try:
         return ray.data.from_items([{TASK_EPISODES: task} for task in tasks],
                                    override_num_blocks=len(tasks)).map_batches(
-            type(label, (EpisodeRunner,), {}), fn_constructor_args=(env, policy_config, seed, num_envs, progress),
+            type(label, (EpisodeRunner,), {}),
+            fn_constructor_args=(env, policy_config, seed, num_envs, progress, None, observations),
             batch_size=1,
             batch_format="pyarrow", compute=collectors, num_cpus=1,
             **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
@@ -290,8 +299,8 @@ def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episod
     if num_workers == 0:
         return _rollout_in_process(env, policy_config, seed, tasks, episodes, per_task, label)
     with progress_lines(label, episodes) as progress:
-        stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress,
-                                 label).select_columns([Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
+        stats = episodes_dataset(env, policy_config, seed, tasks, num_workers, per_task, progress, label,
+                                 observations=False).select_columns([Col.EPS_ID, Col.REWARDS]).to_arrow_refs()
         returns, _ = episode_stats(pa.concat_tables(ray.get(stats)))
         nodes = episodes_by_node(progress)
     return Rollouts(returns, nodes)
@@ -299,7 +308,7 @@ def rollout_returns(env: EnvSpec, policy_config: PolicyConfig, seed: int, episod
 
 def _rollout_in_process(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks: list[list[int]], episodes: int,
                         num_envs: int, label: str) -> Rollouts:
-    runner, started = EpisodeRunner(env, policy_config, seed, num_envs), time.monotonic()
+    runner, started = EpisodeRunner(env, policy_config, seed, num_envs, observations=False), time.monotonic()
     tables, steps = [], 0
     for task in tasks:
         tables.append(runner.run(task).select([Col.EPS_ID, Col.REWARDS]))

@@ -169,7 +169,8 @@ def held_out_runner(algorithm, config: OnlinePolicyConfig, checkpoint: Path) -> 
     # The local env runner's inference module, whose weights RLlib overwrites in place after each iteration.
     module = algorithm.get_module()
     return EpisodeRunner(config.env, PolicyConfig(kind="model", model=str(checkpoint)), config.held_out_seed,
-                         config.envs_per_env_runner, policy=ModulePolicy(module, module.action_space, greedy=False))
+                         config.envs_per_env_runner, policy=ModulePolicy(module, module.action_space, greedy=False),
+                         observations=False)
 
 
 def latest_mean(finished: list[tuple[int, float]], episodes: int) -> tuple[int, float]:

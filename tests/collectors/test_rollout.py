@@ -70,6 +70,15 @@ def test_each_episode_depends_only_on_its_seed_and_index():
     assert not other_seed.equals(alone)
 
 
+def test_a_run_without_observations_is_the_same_run_less_those_columns():
+    """What evaluation runs: returns need no frames."""
+    whole = EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=2).run([0, 1, 2])
+    runner = EpisodeRunner("CartPole-v1", MIXTURE, seed=11, num_envs=2, observations=False)
+    lean = runner.run([0, 1, 2])
+    assert lean.schema == runner.schema and {Col.OBS, Col.NEW_OBS}.isdisjoint(lean.column_names)
+    assert lean.equals(whole.drop_columns([Col.OBS, Col.NEW_OBS]))
+
+
 def test_random_episodes_are_whole_episodes_of_the_uniform_policy():
     config = dataclasses.replace(CARTPOLE_EXPERT, random_episodes=0.5)
     data = columns(EpisodeRunner("CartPole-v1", config, seed=5, num_envs=3).run(list(range(12))))
