@@ -49,3 +49,9 @@ quality-table: setup $(D3RLPY_VENV)/.installed
 .PHONY: suite
 suite: setup
 	cd benchmarks/suite && PATH="$(CURDIR)/$(BIN):$$PATH" orl repro
+
+# The Atari suite (benchmarks/README.md, "The Atari suite"): Pong datasets of over 1M transitions and the discrete
+# learners with the Nature DQN's CNN, in the same way; on 2 CPU cores it runs for many hours.
+.PHONY: suite-atari
+suite-atari: setup
+	cd benchmarks/atari && PATH="$(CURDIR)/$(BIN):$$PATH" orl repro

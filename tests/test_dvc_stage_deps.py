@@ -95,10 +95,11 @@ def test_training_follows_the_data_one_way():
     assert not [path for path in subcommand_code("train") if path.is_relative_to(REPO / "collectors")]
 
 
-def test_the_full_suite_is_a_dvc_project_running_the_same_stages_with_the_same_code():
+@pytest.mark.parametrize("name", ["suite", "atari"])
+def test_each_suite_is_a_dvc_project_running_the_same_stages_with_the_same_code(name):
     # Its own DVC project, so the quick tour's `dvc status` never lists it; the root's dvc.yaml and code folders
     # through links, so nothing is copied.
-    suite = REPO / "benchmarks" / "suite"
+    suite = REPO / "benchmarks" / name
     assert (suite / ".dvc" / "config").is_file()
     assert (suite / "dvc.yaml").is_symlink() and (suite / "dvc.yaml").resolve() == REPO / "dvc.yaml"
     code = {dep.split("/")[0] for _, _, deps in STAGES for dep in deps if dep.split("/")[0] in CODE}

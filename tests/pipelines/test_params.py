@@ -13,6 +13,7 @@ from pipelines.params import load_params
 from tests.conftest import REPO
 
 TOUR, SUITE = REPO / "params.yaml", REPO / "benchmarks" / "suite" / "params.yaml"
+ATARI = REPO / "benchmarks" / "atari" / "params.yaml"
 
 
 def write_params(tmp_path, mutate):
@@ -32,6 +33,19 @@ def test_the_pipelines_params_parse(path):
     assert params.algos.marwil.beta == 1.0 and params.algos.bc.hidden_layers == [256, 256]
     assert {run.dataset for run in params.train.runs.values()} <= set(params.all_datasets)
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
+
+
+def test_the_atari_suites_params_parse_into_pong_stacks_its_controller_plays():
+    from common.envs import env_spaces
+
+    params = load_params(ATARI)
+    env = params.dataset("pong-expert").env
+    assert all(params.dataset(name).env == env for name in params.all_datasets)
+    assert env_spaces(env)[0].shape == (4, 84, 84)
+    assert params.references["ALE/Pong-v5"].ceiling.callable == "examples.controllers:pong"
+    assert params.dataset("pong-medium").policy.base == params.dataset("pong-expert").policy
+    assert {run.dataset for run in params.train.runs.values()} == set(params.all_datasets)
+    assert {run.algo for run in params.train.runs.values()} == {"bc", "dqn", "cql_dqn", "iql"}
 
 
 def test_per_dataset_values_replace_the_sections_for_that_dataset_only():
