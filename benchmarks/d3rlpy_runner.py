@@ -24,10 +24,18 @@ import pyarrow.parquet as pq
 
 
 def load(dataset_dir: Path):
-    """(card, whether actions are discrete, the transitions as a d3rlpy MDPDataset)."""
+    """(card, whether actions are discrete, the transitions as a d3rlpy MDPDataset).
+
+    Stacked frames (observations of 3 axes, the stack first, as FrameStackObservation makes them) are loaded as
+    d3rlpy's Atari datasets hold them: each transition's newest frame alone, stacked again when d3rlpy samples
+    (its FrameStack picker and slicer, which pad an episode's first stacks with blank frames where ours repeat the
+    first frame). A million 4-frame stacks would otherwise take 28 GB."""
     card = json.loads((dataset_dir / "_card.json").read_text())
     discrete = card["action_space"]["type"] == "Discrete"
-    table = pa.concat_tables(pq.read_table(dataset_dir / f["path"]) for f in card["files"])
+    frames = image_stack(card)
+    files = [dataset_dir / f["path"] for f in card["files"]]
+    table = pa.concat_tables(pq.read_table(path, columns=None if frames is None else NOT_OBSERVATIONS)
+                             for path in files)
 
     def column(name: str) -> np.ndarray:
         values = table.column(name).combine_chunks()
@@ -37,12 +45,40 @@ def load(dataset_dir: Path):
 
     actions = column("actions")
     actions = actions.astype(np.int64) if discrete else actions.reshape(len(actions), -1)
+    stacking = {}
+    if frames is None:
+        observations = column("obs")
+    else:
+        observations = newest_frames(files, frames)
+        stacking = dict(transition_picker=d3rlpy.dataset.FrameStackTransitionPicker(n_frames=frames[0]),
+                        trajectory_slicer=d3rlpy.dataset.FrameStackTrajectorySlicer(n_frames=frames[0]))
     # d3rlpy splits episodes at terminal or timeout flags.
     return card, discrete, d3rlpy.dataset.MDPDataset(
-        observations=column("obs"), actions=actions, rewards=column("rewards"),
+        observations=observations, actions=actions, rewards=column("rewards"),
         terminals=column("terminateds"), timeouts=column("truncateds"),
-        action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS,
+        action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS, **stacking,
     )
+
+
+NOT_OBSERVATIONS = ["actions", "rewards", "terminateds", "truncateds"]
+
+
+def image_stack(card: dict) -> tuple[int, int, int] | None:
+    """The (stack, height, width) of stacked uint8 frames, or None for other observations."""
+    space = card["observation_space"]
+    if space["type"] == "Box" and len(space["shape"]) == 3 and space["dtype"] == "uint8":
+        return tuple(space["shape"])
+    return None
+
+
+def newest_frames(files: list[Path], stack: tuple[int, int, int]) -> np.ndarray:
+    """(transitions, 1, height, width) uint8: the last frame of each stack, read a row group at a time."""
+    parts = []
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(columns=["obs"]):
+            values = batch.column(0).flatten().to_numpy().reshape(len(batch), *stack)
+            parts.append(values[:, -1:].copy())
+    return np.concatenate(parts)
 
 
 def make_env(card: dict):
@@ -58,8 +94,16 @@ def make_env(card: dict):
 
 
 def build(args, card: dict, discrete: bool):
-    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden)
     common = dict(batch_size=args.batch_size, gamma=args.gamma)
+    if image_stack(card) is None:
+        encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden)
+    else:
+        # Our CNN then hidden layers; d3rlpy's pixel encoder has one dense layer after its convolutions.
+        if len(args.hidden) != 1:
+            raise SystemExit(f"d3rlpy's pixel encoder has one dense layer after the CNN; --hidden {args.hidden} "
+                             "has more")
+        encoder = d3rlpy.models.PixelEncoderFactory(filters=args.conv_filters, feature_size=args.hidden[0])
+        common["observation_scaler"] = d3rlpy.preprocessing.PixelObservationScaler()  # /255, as ours
     if not discrete:
         # d3rlpy's continuous policies act in [-1, 1] (tanh); without a scaler Pendulum's torque is held to half its
         # range. The env's bounds, as our tanh policies are rescaled to them.
@@ -67,7 +111,8 @@ def build(args, card: dict, discrete: bool):
             minimum=np.asarray(card["action_space"]["low"], dtype=np.float32),
             maximum=np.asarray(card["action_space"]["high"], dtype=np.float32))
     if discrete and args.algo == "bc":
-        return d3rlpy.algos.DiscreteBCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size)
+        return d3rlpy.algos.DiscreteBCConfig(learning_rate=args.lr, encoder_factory=encoder, batch_size=args.batch_size,
+                                             observation_scaler=common.get("observation_scaler"))
     if discrete and args.algo == "cql":
         return d3rlpy.algos.DiscreteCQLConfig(learning_rate=args.lr, encoder_factory=encoder, alpha=args.cql_alpha,
                                               target_update_interval=args.target_update_every, **common)
@@ -96,6 +141,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, required=True, help="learning rate (the critics', for continuous CQL and IQL)")
     parser.add_argument("--actor-lr", type=float, default=1e-4)
     parser.add_argument("--hidden", type=int, nargs="+", required=True)
+    parser.add_argument("--conv-filters", type=json.loads, default=[[32, 8, 4], [64, 4, 2], [64, 3, 1]],
+                        help="JSON [[channels, kernel, stride], ...]: the CNN for image observations")
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--tau", type=float, default=0.005)
     parser.add_argument("--target-update-every", type=int, default=100)

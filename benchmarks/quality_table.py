@@ -80,7 +80,8 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
                "--algo", algo.removeprefix("d3rlpy-"), "--seed", str(seed),
                "--steps", str(params.iterations * params.updates_per_iteration),
                "--batch-size", str(params.batch_size), "--lr", str(params.lr),
-               "--hidden", *map(str, params.hidden_layers), "--eval-seeds", json.dumps(eval_seeds)]
+               "--hidden", *map(str, params.hidden_layers), "--conv-filters", json.dumps(params.conv_filters),
+               "--eval-seeds", json.dumps(eval_seeds)]
     if isinstance(params, DQNParams):
         command += ["--gamma", str(params.gamma), "--target-update-every", str(params.target_update_every),
                     "--cql-alpha", str(params.cql_alpha)]
