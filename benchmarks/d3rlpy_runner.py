@@ -64,11 +64,14 @@ NOT_OBSERVATIONS = ["actions", "rewards", "terminateds", "truncateds"]
 
 
 def image_stack(card: dict) -> tuple[int, int, int] | None:
-    """The (stack, height, width) of stacked uint8 frames, or None for other observations."""
+    """The (stack, height, width) of stacked uint8 frames, or None for vectors."""
     space = card["observation_space"]
-    if space["type"] == "Box" and len(space["shape"]) == 3 and space["dtype"] == "uint8":
-        return tuple(space["shape"])
-    return None
+    if space["type"] != "Box" or len(space["shape"]) != 3:
+        return None
+    if space["dtype"] != "uint8" or space["shape"][0] >= space["shape"][-1]:  # as common/observations.py tells
+        raise SystemExit(f"d3rlpy_runner.py reads uint8 frames stacked on the first axis (FrameStackObservation); "
+                         f"{card['name']}'s are {space['dtype']} of shape {space['shape']}")
+    return tuple(space["shape"])
 
 
 def newest_frames(files: list[Path], stack: tuple[int, int, int]) -> np.ndarray:
