@@ -98,8 +98,9 @@ def _pong_intercept(before: np.ndarray, now: np.ndarray) -> float | None:
         return None
     row_speed, column_speed = ball[0] - previous[0], ball[1] - previous[1]
     row = ball[0] + row_speed * (_PONG_PADDLE_COLUMN - ball[1]) / column_speed
+    # The rows the ball's centre can reach: it is 2 rows tall and bounces off the walls' inner rows.
     low, span = _PONG_FIELD_ROWS[0] + 1, _PONG_FIELD_ROWS[1] - _PONG_FIELD_ROWS[0] - 3
-    folded = (row - low) % (2 * span)  # each wall bounce mirrors the path
+    folded = (row - low) % (2 * span)  # each bounce mirrors the path
     return low + span - abs(span - folded)
 
 
