@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from examples.controllers import pong
+from tests.conftest import REPO
 
 BACKGROUND, UP, DOWN, NOOP = 87, 2, 3, 0
 
@@ -37,11 +38,10 @@ def test_pong_refuses_frames_it_cannot_read():
 
 @pytest.mark.slow  # about 2,000 emulated steps
 def test_pong_wins_more_points_than_it_loses_with_sticky_actions():
-    import ale_py
-    import gymnasium as gym
+    from common.envs import make_env
+    from pipelines.params import load_params
 
-    gym.register_envs(ale_py)
-    env = gym.wrappers.FrameStackObservation(gym.wrappers.AtariPreprocessing(gym.make("ALE/Pong-v5", frameskip=1)), 4)
+    env = make_env(load_params(REPO / "benchmarks" / "atari" / "params.yaml").dataset("pong-expert").env)
     obs, _ = env.reset(seed=0)
     won = lost = 0
     while won + lost < 10:
