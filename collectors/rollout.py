@@ -195,8 +195,8 @@ def episodes_dataset(env: EnvSpec, policy_config: PolicyConfig, seed: int, tasks
     try:
         return ray.data.from_items([{TASK_EPISODES: task} for task in tasks],
                                    override_num_blocks=len(tasks)).map_batches(
-            type(label, (EpisodeRunner,), {}),
-            fn_constructor_args=(env, policy_config, seed, num_envs, progress, None, observations),
+            type(label, (EpisodeRunner,), {}), fn_constructor_args=(env, policy_config, seed, num_envs, progress),
+            fn_constructor_kwargs={"observations": observations},
             batch_size=1,
             batch_format="pyarrow", compute=collectors, num_cpus=1,
             **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
