@@ -35,15 +35,16 @@ def test_the_pipelines_params_parse(path):
     assert params.dataset("cartpole-learned").policy.model == "runs/dqn-cartpole-random/checkpoint"
 
 
-def test_the_atari_suites_params_parse_into_pong_stacks_its_controller_plays():
+@pytest.mark.parametrize("game", ["pong", "breakout"])
+def test_the_atari_suites_params_parse_into_stacks_its_controllers_play(game):
     from common.envs import env_spaces
 
     params = load_params(ATARI)
-    env = params.dataset("pong-expert").env
-    assert all(params.dataset(name).env == env for name in params.all_datasets)
+    env = params.dataset(f"{game}-expert").env
+    assert all(params.dataset(f"{game}-{kind}").env == env for kind in ("medium", "mixed", "random"))
     assert env_spaces(env)[0].shape == (4, 84, 84)
-    assert params.references["ALE/Pong-v5"].ceiling.callable == "examples.controllers:pong"
-    assert params.dataset("pong-medium").policy.base == params.dataset("pong-expert").policy
+    assert params.references[env.id].ceiling.callable == f"examples.controllers:{game}"
+    assert params.dataset(f"{game}-medium").policy.base == params.dataset(f"{game}-expert").policy
     assert {run.dataset for run in params.train.runs.values()} == set(params.all_datasets)
     assert {run.algo for run in params.train.runs.values()} == {"bc", "dqn", "cql_dqn", "iql"}
 

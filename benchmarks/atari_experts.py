@@ -1,8 +1,9 @@
-"""The Pong expert (`examples.controllers:pong`) at each dead band, and its epsilon-mixtures: mean score and
-transitions per episode, on the Atari suite's env spec (benchmarks/atari/params.yaml), sticky actions included.
+"""The Atari suite's hand-written experts (`examples.controllers:pong`, `:breakout`) at each dead band, and their
+epsilon-mixtures: mean score and transitions per episode, on the env spec and policy of one of the suite's expert
+datasets (benchmarks/atari/params.yaml), sticky actions included.
 
-    python -m benchmarks.pong_expert --dead-bands 4 5 6 7 8 --epsilons 0 --episodes 6
-    python -m benchmarks.pong_expert --dead-bands 6 --epsilons 0.1 0.15 0.25 0.5 --episodes 3 --seed 100
+    python -m benchmarks.atari_experts --dataset pong-expert --dead-bands 4 5 6 7 8 --episodes 6
+    python -m benchmarks.atari_experts --dataset breakout-expert --epsilons 0.1 0.2 0.3 --episodes 8 --seed 100
 
 Episode i is seeded as `orl collect` seeds it (`collectors.rollout.episode_seeds`), from --seed.
 """
@@ -26,18 +27,21 @@ SUITE = Path(__file__).parent / "atari" / "params.yaml"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dead-bands", type=float, nargs="+", default=[examples.controllers._PONG_DEAD_BAND])
+    parser.add_argument("--dataset", default="pong-expert", help="an expert dataset of the suite: its env and policy")
+    parser.add_argument("--dead-bands", type=float, nargs="+", help="default: the controller's own")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.0])
     parser.add_argument("--episodes", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     params = load_params(SUITE)
-    env, expert = params.dataset("pong-expert").env, params.dataset("pong-expert").policy
+    env, expert = params.dataset(args.dataset).env, params.dataset(args.dataset).policy
+    # The controller reads its dead band from examples/controllers.py at each step: `pong` reads _PONG_DEAD_BAND.
+    dead_band = f"_{expert.callable.split(':')[1].upper()}_DEAD_BAND"
     print("| dead band | epsilon | episodes | score (mean ± std) | transitions an episode | s |")
     print("|---|---|---|---|---|---|")
-    for band in args.dead_bands:
-        examples.controllers._PONG_DEAD_BAND = band  # the sweep: the controller reads it at each step
+    for band in args.dead_bands or [getattr(examples.controllers, dead_band)]:
+        setattr(examples.controllers, dead_band, band)
         for epsilon in args.epsilons:
             policy = PolicyConfig(kind="mixture", epsilon=epsilon, base=expert) if epsilon else expert
             started = time.monotonic()
