@@ -17,6 +17,8 @@ LIBRARY_NOTICES = (
      "RLlib 2.60's RLModule.__init__ builds the deprecated RLModuleConfig itself, for every module"),
     ("ray.rllib.algorithms.algorithm_config", "You are running ",
      "the new API stack, which RLlib announces as its default, is the one our learners are written for"),
+    ("ray.rllib.algorithms.sac.sac", "You are running SAC on the new API stack",
+     "the same announcement, made again by SAC's config, which CQL's extends"),
     ("ray.data._internal.progress", "Progress bars disabled", "orl prints its own progress lines"),
     ("ray.tune.utils.util", "Install gputil", "a GPU monitor for machines with GPUs"),
 )
