@@ -95,7 +95,7 @@ def test_training_follows_the_data_one_way():
     assert not [path for path in subcommand_code("train") if path.is_relative_to(REPO / "collectors")]
 
 
-@pytest.mark.parametrize("name", ["suite", "atari"])
+@pytest.mark.parametrize("name", ["suite", "atari", "mujoco"])
 def test_each_suite_is_a_dvc_project_running_the_same_stages_with_the_same_code(name):
     # Its own DVC project, so the quick tour's `dvc status` never lists it; the root's dvc.yaml and code folders
     # through links, so nothing is copied.

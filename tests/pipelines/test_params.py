@@ -49,6 +49,16 @@ def test_the_atari_suites_params_parse_into_stacks_its_controllers_play(game):
     assert {run.algo for run in params.train.runs.values()} == {"bc", "dqn", "cql_dqn", "iql"}
 
 
+def test_the_mujoco_suites_params_parse_with_d4rls_reference_returns():
+    params = load_params(REPO / "benchmarks" / "mujoco" / "params.yaml")
+    assert params.references["Hopper-v5"].ref_max == 3234.3 and params.references["HalfCheetah-v5"].ceiling is None
+    assert {run.dataset for run in params.train.runs.values()} == set(params.all_datasets)
+    assert {run.algo for run in params.train.runs.values()} == {"bc", "cql", "iql"}
+    for name, online in params.online_policies.items():  # each medium or expert dataset samples its PPO policy
+        assert params.dataset(name).policy.model == f"runs/ppo-{name}/checkpoint"
+        assert params.dataset(name).env == online.env
+
+
 def test_per_dataset_values_replace_the_sections_for_that_dataset_only():
     iql = load_params(SUITE).algos.iql
     assert iql.for_dataset("lunarlander-medium").beta == 0.1 and iql.for_dataset("lunarlander-medium").per_dataset == {}
