@@ -96,12 +96,13 @@ def write_tables(tables: Iterable[pa.Table], path: str | os.PathLike | Location,
     """`write` for Arrow tables made in this process (importers): each of whole episodes, in order. Tables are
     combined until they reach `file_bytes`, so files are cut between episodes."""
     def write_files(location: Location) -> None:
-        pending, index = [], 0
+        pending, pending_bytes, index = [], 0, 0
         for table in tables:
             pending.append(table)
-            if sum(t.nbytes for t in pending) >= file_bytes:
+            pending_bytes += table.nbytes
+            if pending_bytes >= file_bytes:
                 _write_file(location, index, pending)
-                pending, index = [], index + 1
+                pending, pending_bytes, index = [], 0, index + 1
         if pending:
             _write_file(location, index, pending)
 
