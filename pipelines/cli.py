@@ -65,7 +65,8 @@ def cmd_train_online(args, params: Params) -> None:
     config = params.online_policy(args.name)
     connect()
     start_ray(params.ray.num_cpus)
-    train_online(args.name, config, args.references, params.evaluate, args.out or Path("runs") / f"ppo-{args.name}")
+    train_online(args.name, config, args.references, params.evaluate, args.out or Path("runs") / f"ppo-{args.name}",
+                 args.replay_out or Path("datasets") / f"{args.name}-replay", int(params.collect.file_mib * 2**20))
 
 
 def _start_episode_runners(params: Params) -> None:
@@ -200,6 +201,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="key under `online_policies` in params.yaml")
     p.add_argument("--references", type=Path, default=Path("references"))
     p.add_argument("--out", type=Path, help="run directory (default: runs/ppo-NAME)")
+    p.add_argument("--replay-out", type=Path, help="dataset of the episodes PPO trained on (default: "
+                   "datasets/NAME-replay)")
     p.set_defaults(handler=cmd_train_online)
 
     p = sub.add_parser("reference", help="measure random and expert returns on the evaluation seeds")

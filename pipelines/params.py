@@ -42,7 +42,8 @@ class Params:
     name; each becomes datasets/NAME once that run exists (dvc.yaml's collect_from_policy stage)."""
     online_policies: dict[str, OnlinePolicyConfig] = field(default_factory=dict)
     """Behaviour policies trained online (PPO) up to a target score, by name; each becomes runs/ppo-NAME, which
-    `policy_datasets` may collect with (dvc.yaml's train_online stage)."""
+    `policy_datasets` may collect with, and datasets/NAME-replay, every episode it trained on (dvc.yaml's
+    train_online stage)."""
     imports: dict[str, ImportConfig] = field(default_factory=dict)
     """Data made elsewhere (Minari datasets, logs in CSV or Parquet), by name; each becomes datasets/NAME
     (dvc.yaml's import stage)."""
@@ -66,17 +67,26 @@ class Params:
         for name in self.imports:
             if name in self.all_datasets:
                 raise ValueError(f"imports.{name} is also a collected dataset's name; give it another name")
+        for name in self.replay_datasets:
+            if name in self.all_datasets or name in self.imports:
+                raise ValueError(f"{name} is the replay of online_policies.{name.removesuffix('-replay')} and "
+                                 "another dataset's name; rename one")
         for where, names in [*((f"train.runs.{name}.dataset", [run.dataset]) for name, run in self.train.runs.items()),
                              *((f"algos.{algo}.per_dataset", self.algos.get(algo).per_dataset)
                                for algo in self.algos.names())]:
-            missing = [d for d in names if d not in self.all_datasets and d not in self.imports]
+            missing = [d for d in names if d not in {*self.all_datasets, *self.imports, *self.replay_datasets}]
             if missing:
                 raise ValueError(f"{where} names {missing}, which are not under `datasets`, `policy_datasets` or "
-                                 "`imports`")
+                                 "`imports`, nor an online policy's replay (NAME-replay)")
 
     @property
     def all_datasets(self) -> dict[str, DatasetConfig]:
         return {**self.datasets, **self.policy_datasets}
+
+    @property
+    def replay_datasets(self) -> list[str]:
+        """The datasets `orl train-online` writes: NAME-replay for each online policy."""
+        return [f"{name}-replay" for name in self.online_policies]
 
     def online_policy(self, name: str) -> OnlinePolicyConfig:
         if name not in self.online_policies:

@@ -1,8 +1,10 @@
-"""`orl train-online`: a behaviour policy trained online with RLlib's PPO, stopped at a target score.
+"""`orl train-online`: a behaviour policy trained online with RLlib's PPO, stopped at a target score, and the
+experience it trained on.
 
 D4RL's "medium" datasets sample a policy trained online part of the way. Such a policy's most likely actions
 are its own, not an expert's, so cloning its data copies a weak policy, unlike an epsilon-mixture of the
-expert, whose most likely action is always the expert's. `collect_from_policy` samples the checkpoint.
+expert, whose most likely action is always the expert's. `collect_from_policy` samples the checkpoint. Every
+episode PPO sampled on the way is D4RL's "medium-replay" (training/replay.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import gymnasium as gym
 import mlflow
 import numpy as np
 
+import dataset_format as dataset
 import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner
@@ -29,6 +32,7 @@ from dataset_format import episode_stats
 from evaluation.config import EvaluateConfig
 from evaluation.references import no_score_reason, normalized_score, read_reference
 from training.config import OnlinePolicyConfig
+from training.replay import RAW_OBSERVATION, record_samples, take_recorded, write_replay
 
 # The learning curve's column that the stop rule reads (dvc.yaml plots it).
 SCORE = "normalized_score"
@@ -47,14 +51,29 @@ def rllib_env(env: EnvSpec, observation_space: gym.Space) -> str:
     from ray.tune.registry import register_env
 
     name = f"orl:{env.label}"
-    register_env(name, lambda _: _as_network_sees_it(make_env(env)) if mapped else make_env(env))
+    register_env(name, lambda _: _AsNetworkSeesIt(make_env(env)) if mapped else make_env(env))
     return name
 
 
-def _as_network_sees_it(env: gym.Env) -> gym.Env:
-    model_input = ModelInput.of(env.observation_space)
-    return gym.wrappers.TransformObservation(env, lambda obs: model_input(np.asarray(obs)[None])[0],
-                                             model_space(env.observation_space))
+class _AsNetworkSeesIt(gym.Wrapper):
+    """The env's observations mapped to the network's input, each of its own kept in the step's info for the
+    replay."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.model_input = ModelInput.of(env.observation_space)
+        self.observation_space = model_space(env.observation_space)
+
+    def _mapped(self, obs, info: dict) -> tuple[np.ndarray, dict]:
+        return self.model_input(np.asarray(obs)[None])[0], {**info, RAW_OBSERVATION: obs}
+
+    def reset(self, **kwargs):
+        return self._mapped(*self.env.reset(**kwargs))
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, info = self._mapped(obs, info)
+        return obs, reward, terminated, truncated, info
 
 
 def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space):
@@ -74,18 +93,21 @@ def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space):
                   minibatch_size=config.minibatch_size, num_epochs=config.epochs)
         .rl_module(model_config=model_config)
         .reporting(metrics_num_episodes_for_smoothing=EPISODES_PER_ITERATION_MEAN)
+        .callbacks(on_sample_end=record_samples)
         .debugging(seed=config.seed)
     )
 
 
 def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Path, evaluate: EvaluateConfig,
-                 out_dir: str | Path) -> dict:
+                 out_dir: str | Path, replay_out: str | Path, file_bytes: int) -> dict:
     """Trains until the mean return of the latest `score_episodes` training episodes (see `latest_mean`), or of
     the held-out episodes after an iteration, reaches the target score; writes the checkpoint,
-    train_metrics.json and the learning curve. Raises UserError, writing nothing, if `max_env_steps` pass
-    first."""
+    train_metrics.json, the learning curve, and every finished episode it trained on to `replay_out` (a dataset
+    named NAME-replay, in files of about `file_bytes`). Raises UserError, writing nothing, if `max_env_steps`
+    pass first."""
     run = RunDir(Path(out_dir))
     refuse_to_overwrite(run.checkpoint)
+    replay_out = dataset.refuse_existing(replay_out)
     probe = make_env(config.env)  # a bad spec or a missing extra (Box2D) fails here, not inside an env runner
     observation_space = probe.observation_space
     probe.close()
@@ -101,11 +123,15 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env.label, "algo": "ppo",
                          "purpose": "behaviour policy"})
         algorithm = ppo_config(config, observation_space).build_algo()
+        experience = []
         try:
-            curve = _train_to_target(algorithm, name, config, reference, run.checkpoint)
+            curve = _train_to_target(algorithm, name, config, reference, run.checkpoint, experience)
             algorithm.save_to_path(run.checkpoint.resolve())
         finally:
             algorithm.stop()
+        replay = write_replay(experience, f"{name}-replay", config.env, f"PPO's own experience while it trained "
+                              f"online to a normalized score of {config.target_score} (online_policies.{name})",
+                              replay_out, file_bytes)
 
         final = {k: v for k, v in curve[-1].items() if k != "iteration"}
         write_csv(run.learning_curve, curve)
@@ -113,13 +139,15 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         plots.learning_curves({f"ppo-online-{name}": curve}, SCORE, run.learning_curve_plot)
         mlflow.log_artifact(str(run.learning_curve_plot), "plots")
     print(f"[train-online {name}] done: score {final[SCORE]:.1f} after {final['env_steps']:,} env steps, "
-          f"checkpoint {run.checkpoint}", file=sys.stderr)
+          f"checkpoint {run.checkpoint}; its {replay.episodes} finished episodes ({replay.transitions:,} transitions, "
+          f"return {replay.returns['mean']:.1f} ± {replay.returns['std']:.1f}) in {replay_out}", file=sys.stderr)
     return final
 
 
-def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict,
-                     checkpoint: Path) -> list[dict]:
-    """PPO iterations until the target score; the learning curve, one row per iteration."""
+def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference: dict, checkpoint: Path,
+                     experience: list) -> list[dict]:
+    """PPO iterations until the target score; the learning curve, one row per iteration. Adds the episode pieces
+    each iteration sampled to `experience`."""
     from ray.rllib.utils.metrics import (
         ENV_RUNNER_RESULTS,
         EPISODE_RETURN_MEAN,
@@ -131,6 +159,8 @@ def _train_to_target(algorithm, name: str, config: OnlinePolicyConfig, reference
     held_out = held_out_runner(algorithm, config, checkpoint) if config.held_out_episodes else None
     while True:
         result = algorithm.train()
+        for pieces in algorithm.env_runner_group.foreach_env_runner(take_recorded, local_env_runner=False):
+            experience.extend(pieces)
         env_steps = int(result[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         new_episodes = int(result[ENV_RUNNER_RESULTS].get(NUM_EPISODES_LIFETIME, 0)) - episodes
         if new_episodes:

@@ -52,7 +52,8 @@ def test_the_atari_suites_params_parse_into_stacks_its_controllers_play(game):
 def test_the_mujoco_suites_params_parse_with_d4rls_reference_returns():
     params = load_params(REPO / "benchmarks" / "mujoco" / "params.yaml")
     assert params.references["Hopper-v5"].ref_max == 3234.3 and params.references["HalfCheetah-v5"].ceiling is None
-    assert {run.dataset for run in params.train.runs.values()} == set(params.all_datasets)
+    replays = {"halfcheetah-medium-replay", "hopper-medium-replay"}  # D4RL's, from the PPO runs to medium
+    assert {run.dataset for run in params.train.runs.values()} == {*params.all_datasets, *replays}
     assert {run.algo for run in params.train.runs.values()} == {"bc", "cql", "iql"}
     for name, online in params.online_policies.items():  # each medium or expert dataset samples its PPO policy
         assert params.dataset(name).policy.model == f"runs/ppo-{name}/checkpoint"
@@ -112,6 +113,8 @@ def test_the_suite_trains_behaviour_policies_online():
      r"online_policies.lunarlander-ppo: held_out_episodes must be >= 0 \(0 scores the training episodes\), got -1"),
     (lambda p: p["algos"]["iql"]["per_dataset"].update({"lunarlander-meduim": {"beta": 0.3}}),
      r"algos.iql.per_dataset names \['lunarlander-meduim'\], which are not under `datasets`"),
+    (lambda p: p["datasets"].update({"lunarlander-ppo-replay": p["datasets"]["cartpole-expert"]}),
+     r"lunarlander-ppo-replay is the replay of online_policies.lunarlander-ppo and another dataset's name"),
     (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"betta": 0.3}}),
      r"algos.iql: per_dataset.cartpole-medium: unknown key 'betta'; known keys: lr, "),
     (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"beta": "high"}}),

@@ -1,5 +1,6 @@
-"""`orl train-online`: PPO trained online until the target score, its checkpoint a behaviour policy to collect with;
-a target not reached in the step budget is an error that writes nothing."""
+"""`orl train-online`: PPO trained online until the target score, its checkpoint a behaviour policy to collect with
+and every episode it trained on a dataset (the replay); a target not reached in the step budget is an error that
+writes nothing."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow  # PPO trained online
 EVALUATE = EvaluateConfig()
 # Small PPO iterations, so the target is checked often.
 TINY = dict(env="CartPole-v1", seed=0, batch_size=1000, minibatch_size=100, epochs=5, score_episodes=10)
+FILE_BYTES = 2**20
 
 
 @pytest.fixture
@@ -43,9 +45,15 @@ def workdir(tmp_path, monkeypatch):
 
 def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
     config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, **TINY)  # a return of about 70
-    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
+    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
+                         workdir / "datasets" / "cartpole-ppo-replay", FILE_BYTES)
 
     assert final["normalized_score"] >= 10 and final["episodes"] >= 10
+    # The replay: every episode that finished while PPO trained, whole, as RLlib counted them.
+    replay = dataset.validate(workdir / "datasets" / "cartpole-ppo-replay")
+    assert replay.episodes == final["episodes"] and replay.transitions <= final["env_steps"]
+    assert replay.behavior_policy["kind"] == "logged" and replay.env_id == "CartPole-v1"
+    assert replay.returns["mean"] == pytest.approx(replay.episode_length["mean"])  # CartPole: 1 a step
     assert json.loads((workdir / "runs" / "ppo" / "train_metrics.json").read_text()) == final
     curve = (workdir / "runs" / "ppo" / "learning_curve.csv").read_text().splitlines()
     assert curve[0].startswith("iteration,env_steps,episodes,return_mean,normalized_score")
@@ -66,7 +74,8 @@ def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
 
 def test_held_out_episodes_score_the_checkpoint_that_stops_training(ray_local, workdir):
     config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, held_out_episodes=10, **TINY)
-    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
+    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
+                         workdir / "datasets" / "cartpole-ppo-replay", FILE_BYTES)
 
     assert final["normalized_score"] >= 10
     assert final["normalized_score"] == pytest.approx(100 * (final["held_out_return_mean"] - 22) / (500 - 22))
@@ -92,8 +101,9 @@ def test_a_target_out_of_reach_fails_and_writes_nothing(ray_local, workdir):
     config = OnlinePolicyConfig(target_score=99, max_env_steps=2_000, **TINY)
     with pytest.raises(UserError, match=r"online_policies.cartpole-ppo: PPO reached .* in [\d,]+ env steps, short of "
                                         r"target_score 99.*raise max_env_steps or lower target_score"):
-        train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo")
-    assert not (workdir / "runs" / "ppo").exists()
+        train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
+                     workdir / "datasets" / "cartpole-ppo-replay", FILE_BYTES)
+    assert not (workdir / "runs" / "ppo").exists() and not (workdir / "datasets").exists()
     [run] = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("CartPole-v1").experiment_id])
     assert run.info.status == "FAILED"
 
@@ -131,3 +141,6 @@ def test_ppo_learns_from_frames_and_collects_them_raw(tmp_path):
     assert observations.shape == (2, 8, 8) and observations.dtype == np.uint8  # stored as the env gives them
     random_return = json.loads((tmp_path / "references" / "PixelCorridor.json").read_text())["random"]["mean"]
     assert card.returns["mean"] > random_return + 10  # the policy walks right, as it learned to from the frames
+    # The replay holds the frames as the env gave them too, not as the network saw them.
+    replay = dataset.validate(tmp_path / "datasets" / "pixel-ppo-replay")
+    assert replay.episodes == metrics["episodes"] and replay.spaces[0] == observations
