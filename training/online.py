@@ -126,6 +126,9 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
         experience = []
         try:
             curve = _train_to_target(algorithm, name, config, reference, run.checkpoint, experience)
+            if not curve[-1]["episodes"]:  # held-out episodes met the target before any training episode ended
+                raise UserError(f"online_policies.{name}: the target was met before any training episode finished, "
+                                "so the replay would be empty; raise target_score or batch_size")
             algorithm.save_to_path(run.checkpoint.resolve())
         finally:
             algorithm.stop()

@@ -72,6 +72,20 @@ def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
     assert np.all(logp <= 0) and logp.std() > 0  # a stochastic policy, neither greedy nor uniform
 
 
+def test_a_target_met_before_any_episode_ends_fails_and_writes_nothing(ray_local, workdir):
+    # Held-out episodes score the policy after the first iteration, whose 50 steps finish no training episode.
+    reference = {"env_id": "Pendulum-v1", "seed": EVALUATE.seed, "episodes": EVALUATE.episodes,
+                 "random": {"mean": -1200.0}, "expert": {"mean": -150.0}}
+    (workdir / "references" / "Pendulum-v1.json").write_text(json.dumps(reference))
+    config = OnlinePolicyConfig(target_score=-100, max_env_steps=50_000, held_out_episodes=2,
+                                **{**TINY, "env": "Pendulum-v1", "batch_size": 50, "minibatch_size": 50})
+    with pytest.raises(UserError, match=r"online_policies.pendulum-ppo: the target was met before any training "
+                                        r"episode finished, so the replay would be empty"):
+        train_online("pendulum-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
+                     workdir / "datasets" / "pendulum-ppo-replay", FILE_BYTES)
+    assert not (workdir / "runs" / "ppo").exists() and not (workdir / "datasets").exists()
+
+
 def test_held_out_episodes_score_the_checkpoint_that_stops_training(ray_local, workdir):
     config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, held_out_episodes=10, **TINY)
     final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
