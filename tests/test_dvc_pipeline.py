@@ -100,7 +100,10 @@ def write_shop_log(path: Path) -> None:
 
 def test_repro_produces_datasets_runs_and_report(repo):
     assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {
-        "cartpole-random", "cartpole-expert", "corridor-mixed", "cartpole-learned", "cartpole-ppo", "shop-log"}
+        "cartpole-random", "cartpole-expert", "corridor-mixed", "cartpole-learned", "cartpole-ppo", "shop-log",
+        "cartpole-ppo-replay"}  # the train_online stage's replay of every episode PPO trained on
+    replay = dataset.validate(repo / "datasets" / "cartpole-ppo-replay")
+    assert replay.env_id == "CartPole-v1" and replay.behavior_policy["kind"] == "logged"
     shop = dataset.validate(repo / "datasets" / "shop-log")
     assert shop.env_id is None and shop.episodes == 6 and shop.source["path"] == "logs/shop.csv"
     summary = (repo / "reports" / "summary.md").read_text()
