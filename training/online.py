@@ -23,7 +23,7 @@ import tracking
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner
 from common import plots
-from common.envs import EnvSpec, make_env
+from common.envs import EnvSpec, make_env, provider_versions
 from common.errors import UserError, refuse_to_overwrite
 from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 from common.run_dir import RunDir, write_csv, write_json
@@ -109,8 +109,9 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     refuse_to_overwrite(run.checkpoint)
     replay_out = dataset.refuse_existing(replay_out)
     probe = make_env(config.env)  # a bad spec or a missing extra (Box2D) fails here, not inside an env runner
-    observation_space = probe.observation_space
+    spaces, providers = (probe.observation_space, probe.action_space), provider_versions(probe)
     probe.close()
+    observation_space = spaces[0]
     ModelInput.of(observation_space)  # an image whose channel axis is unclear, too
     reference = read_reference(references_dir, config.env.label, evaluate)
     if normalized_score(0.0, reference) is None:
@@ -132,9 +133,9 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
             algorithm.save_to_path(run.checkpoint.resolve())
         finally:
             algorithm.stop()
-        replay = write_replay(experience, f"{name}-replay", config.env, f"PPO's own experience while it trained "
-                              f"online to a normalized score of {config.target_score} (online_policies.{name})",
-                              replay_out, file_bytes)
+        replay = write_replay(experience, f"{name}-replay", config.env, spaces, providers,
+                              f"PPO's own experience while it trained online to a normalized score of "
+                              f"{config.target_score} (online_policies.{name})", replay_out, file_bytes)
 
         final = {k: v for k, v in curve[-1].items() if k != "iteration"}
         write_csv(run.learning_curve, curve)

@@ -17,7 +17,7 @@ import numpy as np
 
 import dataset_format as dataset
 from common.code_version import code_version, library_versions
-from common.envs import EnvSpec, make_env, provider_versions
+from common.envs import EnvSpec
 
 # The code a replay's bytes depend on, as a collected dataset's card records it.
 REPLAY_CODE = ("common", "dataset_format", "training")
@@ -59,15 +59,11 @@ def take_recorded(_env_runner=None) -> list[dict[str, np.ndarray]]:
     return taken
 
 
-def write_replay(pieces: list[dict[str, np.ndarray]], name: str, env: EnvSpec, behaviour: str, out: str | Path,
-                 file_bytes: int) -> dataset.DatasetCard:
-    """Writes the episodes the pieces complete to `out`, a dataset named `name`, in the order they began."""
-    probe = make_env(env)
-    try:
-        observation_space, action_space = probe.observation_space, probe.action_space
-        providers = provider_versions(probe)
-    finally:
-        probe.close()
+def write_replay(pieces: list[dict[str, np.ndarray]], name: str, env: EnvSpec, spaces: tuple[gym.Space, gym.Space],
+                 providers: dict[str, str], behaviour: str, out: str | Path, file_bytes: int) -> dataset.DatasetCard:
+    """Writes the episodes the pieces complete to `out`, a dataset named `name`, in the order they began; `spaces`
+    and `providers` (common.envs.provider_versions) are the env's."""
+    observation_space, action_space = spaces
     columns = {key: np.concatenate([piece[key] for piece in pieces]) for key in pieces[0]}
     episodes = columns.pop("episode")
     order = {episode: index for index, episode in enumerate(dict.fromkeys(episodes))}  # as they began
