@@ -10,7 +10,6 @@ import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig
 from collectors.policies import build_policy
 from collectors.rollout import episodes_dataset, progress_lines
-from common.code_version import code_version, library_versions
 from common.envs import make_env, provider_versions
 
 # The code a dataset's bytes depend on: dvc.yaml's collect stages declare the same folders (examples: the
@@ -42,23 +41,9 @@ class Collection:
             providers = provider_versions(env)
         finally:
             env.close()
-        card = dataset.DatasetCard(
-            name=name,
-            env_id=spec.env.label,
-            env_spec=spec.env.to_dict(),
-            observation_space=dataset.space_to_dict(observation_space),
-            action_space=dataset.space_to_dict(action_space),
-            behavior_policy=dataclasses.asdict(spec.policy),
-            seed=spec.seed,
-            episodes=spec.episodes,
-            transitions=0,  # this and the next three: dataset.write fills in what the files hold
-            returns={},
-            episode_length={},
-            files=[],
-            columns=list(dataset.arrow_schema(observation_space, action_space, with_logp).names),
-            code_version=code_version(COLLECTION_CODE),
-            library_versions={**library_versions(), **providers},
-        )
+        card = dataset.DatasetCard.new(name, spec.env, (observation_space, action_space),
+                                       dataclasses.asdict(spec.policy), spec.seed, spec.episodes, with_logp,
+                                       COLLECTION_CODE, providers)
         return cls(name, spec, settings, out, card)
 
     def run(self) -> dataset.DatasetCard:

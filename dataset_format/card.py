@@ -15,10 +15,11 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
+from common.code_version import code_version, library_versions
 from common.envs import EnvSpec
 from common.errors import UserError
 from dataset_format.location import Location, locate
-from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict
+from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict, space_to_dict
 
 SCHEMA_VERSION = 1
 CARD_FILE = "_card.json"
@@ -54,6 +55,34 @@ class DatasetCard:
     """Where imported data came from (`orl datasets import`): its format, path or Minari id, column mapping and
     the source's own metadata. None for data collected here."""
     schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def new(cls, name: str, env: EnvSpec | None, spaces: tuple[gym.Space, gym.Space], behavior_policy: dict,
+            seed: int | None, episodes: int, with_logp: bool, code: tuple[str, ...], providers: dict[str, str],
+            source: dict | None = None) -> DatasetCard:
+        """The card of a dataset about to be written: what its files hold (transitions, returns, episode lengths,
+        the files) is filled in as they are written (`write`, `write_tables`). `code` names the folders its bytes
+        depend on (see `code_version`), `providers` the versions of the packages that provide its env
+        (common.envs.provider_versions)."""
+        observation_space, action_space = spaces
+        return cls(
+            name=name,
+            env_id=env.label if env else None,
+            env_spec=env.to_dict() if env else None,
+            observation_space=space_to_dict(observation_space),
+            action_space=space_to_dict(action_space),
+            behavior_policy=behavior_policy,
+            seed=seed,
+            episodes=episodes,
+            transitions=0,
+            returns={},
+            episode_length={},
+            files=[],
+            columns=list(arrow_schema(observation_space, action_space, with_logp).names),
+            code_version=code_version(code),
+            library_versions={**library_versions(), **providers},
+            source=source,
+        )
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 
 import dataset_format as dataset
-from common.code_version import code_version, library_versions
 from common.envs import EnvSpec, make_env, provider_versions
 from dataset_format import Col
 from interop.config import ImportConfig
@@ -36,24 +35,11 @@ def import_dataset(name: str, config: ImportConfig, out: str | Path, file_bytes:
     """Imports the source `config` names to `out` (a local directory or s3:// prefix)."""
     out = dataset.refuse_existing(out)
     source = _read(config)
-    card = dataset.DatasetCard(
-        name=name,
-        env_id=config.env.label if config.env else None,
-        env_spec=config.env.to_dict() if config.env else None,
-        observation_space=dataset.space_to_dict(source.observation_space),
-        action_space=dataset.space_to_dict(source.action_space),
-        behavior_policy={"kind": "logged", "description": config.behavior_policy or source.behavior},
-        seed=None,
-        episodes=source.episode_count,
-        transitions=0,  # this and the next three: filled in from what is written
-        returns={},
-        episode_length={},
-        files=[],
-        columns=list(dataset.arrow_schema(source.observation_space, source.action_space, source.with_logp).names),
-        code_version=code_version(IMPORT_CODE),
-        library_versions={**library_versions(), **(_providers(config.env) if config.env else {})},
-        source={"format": config.format, "path": config.source, **source.metadata},
-    )
+    card = dataset.DatasetCard.new(
+        name, config.env, (source.observation_space, source.action_space),
+        {"kind": "logged", "description": config.behavior_policy or source.behavior}, None, source.episode_count,
+        source.with_logp, IMPORT_CODE, _providers(config.env) if config.env else {},
+        source={"format": config.format, "path": config.source, **source.metadata})
     card = dataset.write_tables(_tables(source.episodes, card.schema()), out, card, file_bytes)
     where = f"env {card.env_id}" if card.env_id else "no simulator"
     print(f"[import {name}] wrote {card.episodes} episodes, {card.transitions} transitions in {len(card.files)} "

@@ -16,7 +16,6 @@ import gymnasium as gym
 import numpy as np
 
 import dataset_format as dataset
-from common.code_version import code_version, library_versions
 from common.envs import EnvSpec
 
 # The code a replay's bytes depend on, as a collected dataset's card records it.
@@ -63,7 +62,6 @@ def write_replay(pieces: list[dict[str, np.ndarray]], name: str, env: EnvSpec, s
                  providers: dict[str, str], behaviour: str, out: str | Path, file_bytes: int) -> dataset.DatasetCard:
     """Writes the episodes the pieces complete to `out`, a dataset named `name`, in the order they began; `spaces`
     and `providers` (common.envs.provider_versions) are the env's."""
-    observation_space, action_space = spaces
     columns = {key: np.concatenate([piece[key] for piece in pieces]) for key in pieces[0]}
     episodes = columns.pop("episode")
     order = {episode: index for index, episode in enumerate(dict.fromkeys(episodes))}  # as they began
@@ -72,26 +70,11 @@ def write_replay(pieces: list[dict[str, np.ndarray]], name: str, env: EnvSpec, s
     ended = columns[dataset.Col.TERMINATEDS] | columns[dataset.Col.TRUNCATEDS]
     rows = rows[np.isin(columns[dataset.Col.EPS_ID][rows], columns[dataset.Col.EPS_ID][ended])]
     columns = {key: values[rows] for key, values in columns.items()}
-    columns[dataset.Col.ACTIONS] = _as_executed(columns[dataset.Col.ACTIONS], action_space)
+    columns[dataset.Col.ACTIONS] = _as_executed(columns[dataset.Col.ACTIONS], spaces[1])
     bounds = [*np.flatnonzero(np.diff(columns[dataset.Col.EPS_ID], prepend=-1)), len(rows)]
     columns[dataset.Col.EPS_ID] = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))  # 0, 1, ... again
-    card = dataset.DatasetCard(
-        name=name,
-        env_id=env.label,
-        env_spec=env.to_dict(),
-        observation_space=dataset.space_to_dict(observation_space),
-        action_space=dataset.space_to_dict(action_space),
-        behavior_policy={"kind": "logged", "description": behaviour},
-        seed=None,
-        episodes=len(bounds) - 1,
-        transitions=0,  # this and the next three: filled in from what is written
-        returns={},
-        episode_length={},
-        files=[],
-        columns=list(dataset.arrow_schema(observation_space, action_space, with_logp=False).names),
-        code_version=code_version(REPLAY_CODE),
-        library_versions={**library_versions(), **providers},
-    )
+    card = dataset.DatasetCard.new(name, env, spaces, {"kind": "logged", "description": behaviour}, None,
+                                   len(bounds) - 1, False, REPLAY_CODE, providers)
     tables = (dataset.transitions_table({key: values[begin:end] for key, values in columns.items()}, card.schema())
               for begin, end in zip(bounds[:-1], bounds[1:]))  # one an episode: files are cut between them
     return dataset.write_tables(tables, out, card, file_bytes)
