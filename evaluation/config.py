@@ -97,6 +97,10 @@ class OPEConfig:
     transitions; its interval resamples them with the episodes, so it includes the fit's own variance."""
     model_updates: int = 2000
     """Gradient steps of each dynamics network (Adam at `lr`, minibatches of `batch_size`)."""
+    model_halt_quantile: float = 1.0
+    """A model rollout halts, counting the lowest logged return-to-go for the rest, where its networks' predictions
+    part more than on this share of the logged transitions (1: more than on any of them): the policy has led it
+    where the data says nothing (evaluation/model_based.py)."""
     bootstrap_samples: int = 200
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95
@@ -113,6 +117,8 @@ class OPEConfig:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if not 0 < self.model_halt_quantile <= 1:
+            raise ValueError(f"model_halt_quantile must be in (0, 1], got {self.model_halt_quantile}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
         if self.iterations is not None:

@@ -7,6 +7,12 @@ first state of each episode estimated on, up to the horizon or a predicted termi
 over episodes and networks. Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a
 policy better than every logged episode; it is held only within the logged states and rewards, step by step.
 
+Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
+more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts the lowest logged
+return-to-go for the rest, as MOReL's pessimistic MDP does (Kidambi et al. 2020). A model that only extrapolates
+there would give such a policy any value (on LunarLander, returns far below any logged one); the halt gives it the
+worst the data shows, and the share of rollouts that halted says how far the policy left the data.
+
 Vector observations only: a model of images or of Discrete states would need another kind of network.
 """
 
@@ -21,12 +27,15 @@ from dataset_format import Col
 from evaluation.config import OPEConfig
 from evaluation.estimators import Episodes, mlp
 
+# Logged transitions the networks' disagreement is calibrated on: a quantile of a sample this size is steady.
+CALIBRATION_ROWS = 50_000
+
 
 class DynamicsEnsemble:
     """Networks over (state, action) features, normalized as fitted, that predict the state's change and the reward
     (normalized) and the logit of termination."""
 
-    def __init__(self, networks: list[torch.nn.Module], episodes: Episodes, num_actions: int | None):
+    def __init__(self, networks: list[torch.nn.Module], episodes: Episodes, num_actions: int | None, gamma: float):
         a = episodes.arrays
         self.networks, self.num_actions = networks, num_actions
         features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
@@ -35,6 +44,8 @@ class DynamicsEnsemble:
         obs = np.asarray(a[Col.OBS], dtype=np.float32)
         self.obs_low, self.obs_high = obs.min(axis=0), obs.max(axis=0)
         self.reward_low, self.reward_high = float(a[Col.REWARDS].min()), float(a[Col.REWARDS].max())
+        self.halt_value = float(episodes.returns_to_go(gamma).min())
+        self.disagreement_limit = np.inf  # set once the networks are fitted (fit_dynamics)
 
     def __len__(self) -> int:
         return len(self.networks)
@@ -47,14 +58,25 @@ class DynamicsEnsemble:
     def inputs(self, obs: np.ndarray, actions: np.ndarray) -> torch.Tensor:
         return torch.as_tensor((self.features(obs, actions) - self.feature_mean) / self.feature_std)
 
-    def step(self, network: int, obs: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(next states, rewards, terminated) as one network predicts them, held within the logged states and
-        rewards."""
+    def outputs(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """(networks, rows, outputs): every network's normalized state change and reward, and termination logit."""
+        inputs = self.inputs(obs, actions)
         with torch.no_grad():
-            out = self.networks[network](self.inputs(obs, actions)).numpy()
+            return np.stack([network(inputs).numpy() for network in self.networks])
+
+    def step(self, out: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(next states, rewards, terminated) from one network's `outputs`, held within the logged states and
+        rewards."""
         predicted = out[:, :-1] * self.target_std + self.target_mean
         next_obs = np.clip(obs + predicted[:, :-1], self.obs_low, self.obs_high)
         return next_obs, np.clip(predicted[:, -1], self.reward_low, self.reward_high), out[:, -1] > 0
+
+    @staticmethod
+    def disagreement(outputs: np.ndarray) -> np.ndarray:
+        """Per row: the largest distance of a network's normalized state change and reward from the networks'
+        mean."""
+        predicted = outputs[:, :, :-1]
+        return np.linalg.norm(predicted - predicted.mean(axis=0), axis=2).max(axis=0)
 
     def return_range(self, horizon: int) -> tuple[float, float]:
         """The returns a rollout can reach: the horizon's steps at the lowest or highest logged reward."""
@@ -70,7 +92,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     resamples = np.random.default_rng(config.seed)
-    model = DynamicsEnsemble([], episodes, num_actions)
+    model = DynamicsEnsemble([], episodes, num_actions, config.gamma)
     inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
     targets = torch.as_tensor((_targets(a) - model.target_mean) / model.target_std)
     terminated = torch.as_tensor(a[Col.TERMINATEDS], dtype=torch.float32)
@@ -89,25 +111,36 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
             optimizer.step()
         model.networks.append(network.eval())
         progress(member, config.model_ensemble, loss.item())
+    logged = resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)
+    disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
+    model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
     return model
 
 
 def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndarray], starts: np.ndarray,
-                    horizon: int, gamma: float) -> np.ndarray:
+                    horizon: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
-    from each start, for `horizon` steps or until a predicted termination."""
+    from each start, for `horizon` steps or until a predicted termination, or a halt where the networks disagree
+    (the lowest logged return-to-go then counts for the rest); and (starts, networks) whether each halted."""
     returns = np.zeros((len(starts), len(model)))
+    halted = np.zeros((len(starts), len(model)), dtype=bool)
     for network in range(len(model)):
         obs, alive = np.array(starts, dtype=np.float32), np.ones(len(starts), dtype=bool)
         for step in range(horizon):
             rows = np.flatnonzero(alive)
             if not len(rows):
                 break
-            next_obs, rewards, terminated = model.step(network, obs[rows], act(obs[rows]))
+            outputs = model.outputs(obs[rows], act(obs[rows]))
+            unknown = model.disagreement(outputs) > model.disagreement_limit
+            returns[rows[unknown], network] += gamma**step * model.halt_value
+            halted[rows[unknown], network] = True
+            alive[rows[unknown]] = False
+            rows = rows[~unknown]
+            next_obs, rewards, terminated = model.step(outputs[network][~unknown], obs[rows])
             returns[rows, network] += gamma**step * rewards
             obs[rows] = next_obs
             alive[rows[terminated]] = False
-    return returns
+    return returns, halted
 
 
 def _targets(arrays: dict) -> np.ndarray:

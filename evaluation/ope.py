@@ -91,6 +91,8 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
                             if "value" in r or "status" in r  # NaN over an earlier estimate that this one voids
                             for metric, key in zip(mlflow_metrics(name), ESTIMATE_KEYS)}
                            | ({"ope/fqe_td_loss": output["fqe_fit"]["td_loss"]} if "fqe_fit" in output else {})
+                           | ({"ope/model_left_data": results[MODEL]["left_data"]}
+                              if "left_data" in results.get(MODEL, {}) else {})
                            | ({metric: behaviour[key] for metric, key in zip(mlflow_metrics(BEHAVIOUR), ESTIMATE_KEYS)}
                               if behaviour else {}))
         mlflow.set_tags({"ope.dataset": card.name, "ope.policy": output["policy"], "ope.units": output["units"],
@@ -99,7 +101,8 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
         mlflow.log_artifact(str(run.ope_metrics), "ope")
     for name, r in (results | ({f"{BEHAVIOUR} policy": behaviour} if behaviour else {})).items():
         line = (f"{r['value']:.1f} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] {output['units']}" if "value" in r
-                else r["undefined"])
+                else r["undefined"]) + (f" ({r['left_data']:.0%} of rollouts halted off the data)"
+                                        if "left_data" in r else "")
         print(f"[ope {run.path.name}] {name}: {line}", file=sys.stderr)
     return output
 
@@ -109,18 +112,20 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     """The policy's value by each of `estimators` (which must apply), fitting FQE on `fit` and estimating on
     `held_out`, in normalized units where there is a `reference`."""
     horizon = episode_horizon(card.env, fit, held_out)
-    print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, FQE fitted on {len(fit)}; horizon "
+    print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, fitted on {len(fit)}; horizon "
           f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
     action_space = card.spaces[1]
     discrete = isinstance(action_space, gym.spaces.Discrete)
-    q = fit_fqe(fit, _pi(policy, fit.arrays[Col.NEW_OBS], discrete, config.seed),
-                action_space.n if discrete else None, horizon, config, fit_progress(label),
-                ModelInput.of(card.spaces[0]))
-    a = held_out.arrays
-    pi = _pi(policy, a[Col.OBS], discrete, config.seed)
-    v = q.values(a[Col.OBS], a[Col.T], pi)
-    allowed = q.return_range()
     results: dict[str, dict] = {}
+    q = None
+    if {FQE, WPDIS, DR} & set(estimators):  # all three read FQE's fit (its values, or the returns it allows)
+        q = fit_fqe(fit, _pi(policy, fit.arrays[Col.NEW_OBS], discrete, config.seed),
+                    action_space.n if discrete else None, horizon, config, fit_progress(label),
+                    ModelInput.of(card.spaces[0]))
+        a = held_out.arrays
+        pi = _pi(policy, a[Col.OBS], discrete, config.seed)
+        v = q.values(a[Col.OBS], a[Col.T], pi)
+        allowed = q.return_range()
     if FQE in estimators:
         initial = v[held_out.starts]  # (episodes, heads)
         results[FQE] = _estimate(float(initial.mean()), resampling_members(initial, config.seed), len(held_out),
@@ -143,7 +148,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     if MODEL in estimators:
         results[MODEL] = _model_based(policy, fit, held_out, action_space.n if discrete else None, horizon, config,
                                       reference, label)
-    if not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
+    if q is not None and not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
         reason = (f"FQE did not converge: its final TD loss {q.fit.td_loss:.4g} is above the variance of the logged "
                   f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")
         results.update({name: {"undefined": reason, "status": DID_NOT_CONVERGE, "td_loss": q.fit.td_loss}
@@ -158,9 +163,9 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
         "episodes": {"total": len(fit) + (0 if same else len(held_out)), "fit": len(fit),
                      "estimated_on": len(held_out), "held_out_fraction": config.held_out_fraction,
                      "split_seed": config.seed},
-        "fqe_fit": {"td_loss_start": q.fit.td_loss_start, "td_loss": q.fit.td_loss,
-                    "td_loss_limit": q.fit.td_loss_limit, "converged": q.fit.converged},
-        "returns_allowed": list(allowed),
+        **({"fqe_fit": {"td_loss_start": q.fit.td_loss_start, "td_loss": q.fit.td_loss,
+                        "td_loss_limit": q.fit.td_loss_limit, "converged": q.fit.converged},
+            "returns_allowed": list(allowed)} if q is not None else {}),
         BEHAVIOUR: behaviour,
         "estimates": results,
     }
@@ -297,16 +302,18 @@ def episode_horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
 def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_actions: int | None, horizon: int,
                  config: OPEConfig, reference: dict | None, label: str) -> dict:
     """The policy rolled out in dynamics fitted on `fit`, from each held-out episode's first state; the interval
-    resamples the networks of the ensemble with the episodes."""
+    resamples the networks of the ensemble with the episodes. `left_data`: the share of rollouts that halted where
+    the networks disagree."""
     model = fit_dynamics(fit, num_actions, config, fit_progress(label, "model network", "loss"))
     starts = held_out.arrays[Col.OBS][held_out.starts]
-    returns = rollout_returns(model, _actor(policy, num_actions is not None, config.seed), starts, horizon,
-                              config.gamma)  # (episodes, networks)
-    return _estimate(float(returns.mean()), resampling_members(returns, config.seed), len(held_out), config,
-                     reference, model.return_range(horizon))
+    returns, halted = rollout_returns(model, actor(policy, num_actions is not None, config.seed), starts, horizon,
+                                      config.gamma)  # (episodes, networks)
+    estimate = _estimate(float(returns.mean()), resampling_members(returns, config.seed), len(held_out), config,
+                         reference, model.return_range(horizon))
+    return estimate | {"left_data": float(halted.mean())}
 
 
-def _actor(policy: ModulePolicy, discrete: bool, seed: int):
+def actor(policy: ModulePolicy, discrete: bool, seed: int):
     """The policy's actions at a batch of states, as `orl evaluate` takes them: its mode when greedy, else a draw."""
     rng = np.random.default_rng([seed, 1])
 

@@ -52,18 +52,34 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
     model = fit_dynamics(episodes, 2, CONFIG, lambda *_: None)
     starts = np.array([[0.25], [0.9], [1.7]], dtype=np.float32)
     for action in (0, 1):
-        returns = rollout_returns(model, lambda obs, a=action: np.full(len(obs), a), starts, horizon=50, gamma=1.0)
+        returns, halted = rollout_returns(model, lambda obs, a=action: np.full(len(obs), a), starts, horizon=50,
+                                          gamma=1.0)
         assert returns.shape == (3, CONFIG.model_ensemble)
         truth = [steps_to_end(float(s), action) for s in starts[:, 0]]
         np.testing.assert_allclose(returns.mean(axis=1), truth, atol=0.6)
+        assert not halted.any()  # every move the policies make, the data shows
     assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
 
 
 def test_a_rollout_stops_at_the_horizon_and_discounts():
     model = fit_dynamics(logged_episodes(50), 2, dataclasses.replace(CONFIG, model_updates=10), lambda *_: None)
-    returns = rollout_returns(model, lambda obs: np.zeros(len(obs), dtype=np.int64), np.zeros((1, 1), np.float32),
-                              horizon=2, gamma=0.5)
+    returns, _ = rollout_returns(model, lambda obs: np.zeros(len(obs), dtype=np.int64), np.zeros((1, 1), np.float32),
+                                 horizon=2, gamma=0.5)
     assert returns.max() <= 1.0 + 0.5 + 1e-6  # two steps of reward 1 at most, the second discounted
+
+
+def test_a_rollout_halts_where_the_networks_part_more_than_on_any_logged_transition():
+    episodes = logged_episodes(100)
+    model = fit_dynamics(episodes, 2, dataclasses.replace(CONFIG, model_updates=200), lambda *_: None)
+    a = episodes.arrays
+    logged = model.disagreement(model.outputs(a[Col.OBS], a[Col.ACTIONS]))
+    assert model.disagreement_limit == pytest.approx(logged.max())  # quantile 1: the largest among them
+    assert model.halt_value == 1.0  # the lowest logged return-to-go: the last step's reward
+
+    starts, act = np.array([[0.5], [1.0]], dtype=np.float32), lambda obs: np.ones(len(obs), dtype=np.int64)
+    model.disagreement_limit = logged.min() / 2  # as if the networks parted everywhere: each rollout halts at once
+    returns, halted = rollout_returns(model, act, starts, horizon=50, gamma=0.5)
+    assert halted.all() and np.all(returns == 1.0)  # the halt's value, undiscounted at the first step
 
 
 def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
@@ -72,7 +88,8 @@ def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
         undefined_estimators(card)[MODEL])
 
 
-@pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_hidden_layers", [])])
+@pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_hidden_layers", []),
+                                         ("model_halt_quantile", 0), ("model_halt_quantile", 1.5)])
 def test_bad_model_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         OPEConfig(**{field: value})
