@@ -10,7 +10,8 @@ evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ±
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
-values set) and OUT/quality.png; `--update` keeps the cells (dataset, learner) not measured in this run.
+values set) and OUT/quality.png, after every cell; `--update` keeps the cells (dataset, learner) not measured in
+this run.
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
@@ -236,14 +237,20 @@ def main() -> None:
                 entry["scores"][column].append(score)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
-        # Written after every dataset, so a long run leaves its finished rows behind; rows in params.yaml's order.
-        results = {n: results[n] for n in dict.fromkeys([*params.all_datasets, *results]) if n in results}
-        columns = [c for c in COLUMNS if any(c in entry["scores"] for entry in results.values())]
-        table = markdown(results, columns)
-        (args.out / "quality.md").write_text(table)
-        (args.out / "quality.json").write_text(json.dumps(results, indent=2))
-        plot(results, columns, args.out / "quality.png")
+                write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
+        table = write_results(results, list(params.all_datasets), args.out)
     print(table)
+
+
+def write_results(results: dict, order: list[str], out: Path) -> str:
+    """OUT/quality.{md,json,png}, rows in params.yaml's order; returns the table."""
+    results = {n: results[n] for n in dict.fromkeys([*order, *results]) if n in results}
+    columns = [c for c in COLUMNS if any(c in entry["scores"] for entry in results.values())]
+    table = markdown(results, columns)
+    (out / "quality.md").write_text(table)
+    (out / "quality.json").write_text(json.dumps(results, indent=2))
+    plot(results, columns, out / "quality.png")
+    return table
 
 
 if __name__ == "__main__":
