@@ -10,8 +10,9 @@ policy better than every logged episode; it is held only within the logged state
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
 more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts the lowest logged
 return-to-go for the rest, as MOReL's pessimistic MDP does (Kidambi et al. 2020). A model that only extrapolates
-there would give such a policy any value (on LunarLander, returns far below any logged one); the halt gives it the
-worst the data shows, and the share of rollouts that halted says how far the policy left the data.
+there gives such a policy whatever value its guesses add up to (on random CartPole data, far above the truth for the
+policies that balance longer than any logged episode); the halt gives it the worst the data shows, and the share of
+rollouts that halted says how far the policy left the data. Networks that agree where they are wrong do not halt.
 
 Vector observations only: a model of images or of Discrete states would need another kind of network.
 """
