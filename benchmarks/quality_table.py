@@ -207,6 +207,7 @@ def main() -> None:
         kept = results.get(name, {}).get("scores", {})
         entry = results[name] = {"env_id": card.env_id, "reference": reference,
                                  "scores": {**kept, "behaviour": [normalized_score(card.returns["mean"], reference)]}}
+        table = write_results(results, list(params.all_datasets), args.out)  # the behaviour's row, before any learner
         learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
         if not args.no_d3rlpy:
             learners += list((D3RLPY_COUNTERPART if discrete else D3RLPY_CONTINUOUS_COUNTERPART).items())
@@ -237,8 +238,7 @@ def main() -> None:
                 entry["scores"][column].append(score)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
-                write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
-        table = write_results(results, list(params.all_datasets), args.out)
+                table = write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
     print(table)
 
 
