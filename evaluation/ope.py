@@ -109,8 +109,8 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
 
 def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episodes, held_out: Episodes,
                     reference: dict | None, config: OPEConfig, estimators: list[str], label: str) -> dict:
-    """The policy's value by each of `estimators` (which must apply), fitting FQE on `fit` and estimating on
-    `held_out`, in normalized units where there is a `reference`."""
+    """The policy's value by each of `estimators` (which must apply), fitting FQE (where an estimator reads it) or the
+    dynamics on `fit` and estimating on `held_out`, in normalized units where there is a `reference`."""
     horizon = episode_horizon(card.env, fit, held_out)
     print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, fitted on {len(fit)}; horizon "
           f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
