@@ -52,8 +52,8 @@ def main() -> None:
         model = fit_dynamics(episodes, card.spaces[1].n if discrete else None, params.ope,
                              fit_progress(name, "model network", "loss"))
         limits = {"halt": model.disagreement_limit, "no halt": np.inf}
-        print(f"[{name}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt counts "
-              f"{model.halt_value:.1f}", flush=True)
+        print(f"[{name}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt at step 0 "
+              f"counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}", flush=True)
         starts = episodes.arrays[Col.OBS][episodes.starts]
         for kept in sorted(p.parent for p in (args.candidates / name).glob("*/truth.json")):
             truth = json.loads((kept / "truth.json").read_text())["truth"]

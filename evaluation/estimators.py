@@ -81,10 +81,14 @@ class Episodes:
         """The index of each transition's episode."""
         return np.repeat(np.arange(len(self)), self.lengths)
 
+    @property
+    def step_of_rows(self) -> np.ndarray:
+        """Each transition's step in its episode, from 0."""
+        return np.arange(self.lengths.sum()) - np.repeat(self.starts, self.lengths)
+
     def _cells(self) -> tuple[np.ndarray, np.ndarray]:
         """(episode, step) of each transition in `padded`'s matrix."""
-        episode = self.episode_of_rows
-        return episode, np.arange(len(episode)) - np.repeat(self.starts, self.lengths)
+        return self.episode_of_rows, self.step_of_rows
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ over episodes and networks. Unlike FQE's values, held within the logged returns-
 policy better than every logged episode; it is held only within the logged states and rewards, step by step.
 
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
-more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts the lowest logged
-return-to-go for the rest, as MOReL's pessimistic MDP does (Kidambi et al. 2020). A model that only extrapolates
-there gives such a policy whatever value its guesses add up to (on random CartPole data, far above the truth for the
-policies that balance longer than any logged episode); the halt gives it the worst the data shows, and the share of
-rollouts that halted says how far the policy left the data. Networks that agree where they are wrong do not halt.
+more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts for the rest the
+lowest return-to-go logged at the same step of an episode, a pessimistic end as in MOReL's pessimistic MDP (Kidambi
+et al. 2020). A model that only extrapolates there gives such a policy whatever value its guesses add up to (on
+random CartPole data, far above the truth for the policies that balance longer than any logged episode); the halt
+gives it the worst the data shows at that step, and the share of rollouts that halted says how far the policy left
+the data. Networks that agree where they are wrong do not halt.
 
 Vector observations only: a model of images or of Discrete states would need another kind of network.
 """
@@ -45,11 +46,20 @@ class DynamicsEnsemble:
         obs = np.asarray(a[Col.OBS], dtype=np.float32)
         self.obs_low, self.obs_high = obs.min(axis=0), obs.max(axis=0)
         self.reward_low, self.reward_high = float(a[Col.REWARDS].min()), float(a[Col.REWARDS].max())
-        self.halt_value = float(episodes.returns_to_go(gamma).min())
+        to_go = episodes.returns_to_go(gamma)
+        # A halt at step t counts the lowest return-to-go logged at step t: pessimistic where logged episodes fail
+        # early, not where they only run out of time (on expert data, every episode's last step earns 1).
+        self.halt_values = np.full(episodes.lengths.max(), np.inf)
+        np.minimum.at(self.halt_values, episodes.step_of_rows, to_go)
+        self.halt_floor = float(to_go.min())  # past the longest logged episode
         self.disagreement_limit = np.inf  # set once the networks are fitted (fit_dynamics)
 
     def __len__(self) -> int:
         return len(self.networks)
+
+    def halt_value(self, step: int) -> float:
+        """What a rollout halted at `step` counts for the rest: the lowest return-to-go logged at that step."""
+        return float(self.halt_values[step]) if step < len(self.halt_values) else self.halt_floor
 
     def features(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         actions = (np.eye(self.num_actions, dtype=np.float32)[actions.astype(np.int64)] if self.num_actions
@@ -122,7 +132,8 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
                     horizon: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
     from each start, for `horizon` steps or until a predicted termination, or a halt where the networks disagree
-    (the lowest logged return-to-go then counts for the rest); and (starts, networks) whether each halted."""
+    (the lowest return-to-go logged at that step then counts for the rest); and (starts, networks) whether each
+    halted."""
     returns = np.zeros((len(starts), len(model)))
     halted = np.zeros((len(starts), len(model)), dtype=bool)
     for network in range(len(model)):
@@ -133,7 +144,7 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
                 break
             outputs = model.outputs(obs[rows], act(obs[rows]))
             unknown = model.disagreement(outputs) > model.disagreement_limit
-            returns[rows[unknown], network] += gamma**step * model.halt_value
+            returns[rows[unknown], network] += gamma**step * model.halt_value(step)
             halted[rows[unknown], network] = True
             alive[rows[unknown]] = False
             rows = rows[~unknown]

@@ -74,12 +74,16 @@ def test_a_rollout_halts_where_the_networks_part_more_than_on_any_logged_transit
     a = episodes.arrays
     logged = model.disagreement(model.outputs(a[Col.OBS], a[Col.ACTIONS]))
     assert model.disagreement_limit == pytest.approx(logged.max())  # quantile 1: the largest among them
-    assert model.halt_value == 1.0  # the lowest logged return-to-go: the last step's reward
+    # The lowest return-to-go logged at each step: the steps left in the episode that ends soonest after it
+    lengths = episodes.lengths
+    assert [model.halt_value(t) for t in range(lengths.max())] == [(lengths[lengths > t] - t).min()
+                                                                    for t in range(lengths.max())]
+    assert model.halt_value(lengths.max()) == 1.0  # past every logged episode: the lowest of all, a last step's 1
 
     starts, act = np.array([[0.5], [1.0]], dtype=np.float32), lambda obs: np.ones(len(obs), dtype=np.int64)
     model.disagreement_limit = logged.min() / 2  # as if the networks parted everywhere: each rollout halts at once
     returns, halted = rollout_returns(model, act, starts, horizon=50, gamma=0.5)
-    assert halted.all() and np.all(returns == 1.0)  # the halt's value, undiscounted at the first step
+    assert halted.all() and np.all(returns == lengths.min())  # the halt's value at step 0: the shortest episode
 
 
 def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
