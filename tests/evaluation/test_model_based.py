@@ -61,6 +61,14 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
     assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
 
 
+def test_a_step_past_the_end_terminates_and_its_state_is_held_within_the_logged_ones():
+    model = fit_dynamics(logged_episodes(300), 2, CONFIG, lambda *_: None)
+    obs = np.array([[1.0], [4.0], [5.5]], dtype=np.float32)
+    next_obs, _, terminated = model.step(model.outputs(obs, np.ones(3, dtype=np.int64))[0], obs)
+    assert terminated.tolist() == [False, False, True]  # 2.5, 5.5 and 7.0: the last past the end
+    assert next_obs.max() <= model.obs_high.max()
+
+
 def test_a_rollout_stops_at_the_horizon_and_discounts():
     model = fit_dynamics(logged_episodes(50), 2, dataclasses.replace(CONFIG, model_updates=10), lambda *_: None)
     returns, _ = rollout_returns(model, lambda obs: np.zeros(len(obs), dtype=np.int64), np.zeros((1, 1), np.float32),
