@@ -1,11 +1,14 @@
 """The model-based estimator (`model`): dynamics learned from the logged transitions, the policy rolled out in them.
 
-An ensemble of networks each predicts, from a state and an action, the change to the state, the reward and whether
-the episode terminates; each is fitted on its own resample of the transitions (Fu et al. 2021, "Benchmarks for Deep
-Off-Policy Evaluation", found such models among the strongest estimators). The policy acts in every network from the
-first state of each episode estimated on, up to the horizon or a predicted termination, and its return is the mean
-over episodes and networks. Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a
-policy better than every logged episode; it is held only within the logged states and rewards, step by step.
+An ensemble of networks each predicts, from a state and an action, the change to the state and the reward; each is
+fitted on its own resample of the transitions (Fu et al. 2021, "Benchmarks for Deep Off-Policy Evaluation", found such
+models among the strongest estimators). One more network tells from a state whether it ends the episode: termination is
+a function of the state reached in most tasks (a pole past its angle, a tip above the line, a hopper fallen), which a
+network learns more surely than the same ending as a function of the state before and the action (measured in
+benchmarks/README.md). The policy acts in every network from the first state of each episode estimated on, up to the
+horizon or a predicted termination, and its return is the mean over episodes and networks. Unlike FQE's values, held
+within the logged returns-to-go, a model's rollout can find a policy better than every logged episode; it is held only
+within the logged states and rewards, step by step.
 
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
 more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts for the rest the
@@ -35,14 +38,18 @@ CALIBRATION_ROWS = 50_000
 
 class DynamicsEnsemble:
     """Networks over (state, action) features, normalized as fitted, that predict the state's change and the reward
-    (normalized) and the logit of termination."""
+    (normalized), and a network over next states, normalized, that predicts the logit of termination."""
 
-    def __init__(self, networks: list[torch.nn.Module], episodes: Episodes, num_actions: int | None, gamma: float):
+    def __init__(self, episodes: Episodes, num_actions: int | None, gamma: float):
         a = episodes.arrays
-        self.networks, self.num_actions = networks, num_actions
+        self.num_actions = num_actions
+        self.networks: list[torch.nn.Module] = []  # fitted in fit_dynamics, as is termination
+        self.termination: torch.nn.Module | None = None
         features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
         self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
         self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
+        next_obs = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
+        self.next_obs_mean, self.next_obs_std = next_obs.mean(axis=0), _std(next_obs)
         obs = np.asarray(a[Col.OBS], dtype=np.float32)
         self.obs_low, self.obs_high = obs.min(axis=0), obs.max(axis=0)
         self.reward_low, self.reward_high = float(a[Col.REWARDS].min()), float(a[Col.REWARDS].max())
@@ -70,24 +77,30 @@ class DynamicsEnsemble:
         return torch.as_tensor((self.features(obs, actions) - self.feature_mean) / self.feature_std)
 
     def outputs(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """(networks, rows, outputs): every network's normalized state change and reward, and termination logit."""
+        """(networks, rows, outputs): every network's normalized state change and reward."""
         inputs = self.inputs(obs, actions)
         with torch.no_grad():
             return np.stack([network(inputs).numpy() for network in self.networks])
 
+    def next_obs_inputs(self, next_obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor((np.asarray(next_obs, dtype=np.float32) - self.next_obs_mean) / self.next_obs_std)
+
     def step(self, out: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(next states, rewards, terminated) from one network's `outputs`, held within the logged states and
-        rewards."""
-        predicted = out[:, :-1] * self.target_std + self.target_mean
-        next_obs = np.clip(obs + predicted[:, :-1], self.obs_low, self.obs_high)
-        return next_obs, np.clip(predicted[:, -1], self.reward_low, self.reward_high), out[:, -1] > 0
+        rewards; termination is told from the next state as predicted, before it is held: a pole past its angle
+        lies beyond every logged state."""
+        predicted = out * self.target_std + self.target_mean
+        next_obs = obs + predicted[:, :-1]
+        with torch.no_grad():
+            terminated = self.termination(self.next_obs_inputs(next_obs))[:, 0].numpy() > 0
+        return (np.clip(next_obs, self.obs_low, self.obs_high), np.clip(predicted[:, -1], self.reward_low,
+                                                                          self.reward_high), terminated)
 
     @staticmethod
     def disagreement(outputs: np.ndarray) -> np.ndarray:
         """Per row: the largest distance of a network's normalized state change and reward from the networks'
         mean."""
-        predicted = outputs[:, :, :-1]
-        return np.linalg.norm(predicted - predicted.mean(axis=0), axis=2).max(axis=0)
+        return np.linalg.norm(outputs - outputs.mean(axis=0), axis=2).max(axis=0)
 
     def return_range(self, horizon: int) -> tuple[float, float]:
         """The returns a rollout can reach: the horizon's steps at the lowest or highest logged reward."""
@@ -97,31 +110,32 @@ class DynamicsEnsemble:
 def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with
-    replacement) of the episodes' transitions: squared error on the normalized state change and reward, and
-    cross-entropy on termination. `num_actions` is the size of a Discrete action space (None for Box)."""
+    replacement) of the episodes' transitions, by squared error on the normalized state change and reward; then the
+    termination network, by cross-entropy on every logged next state. `num_actions` is the size of a Discrete action
+    space (None for Box)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     resamples = np.random.default_rng(config.seed)
-    model = DynamicsEnsemble([], episodes, num_actions, config.gamma)
+    model = DynamicsEnsemble(episodes, num_actions, config.gamma)
     inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
     targets = torch.as_tensor((_targets(a) - model.target_mean) / model.target_std)
-    terminated = torch.as_tensor(a[Col.TERMINATEDS], dtype=torch.float32)
-    rows = len(terminated)
-    for member in range(1, config.model_ensemble + 1):
-        network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1] + 1)
-        optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
+    rows = len(targets)
+    networks = config.model_ensemble + 1  # and the termination network
+    for member in range(1, networks):
+        network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1])
         resample = torch.as_tensor(resamples.integers(rows, size=rows))
-        for _ in range(config.model_updates):
-            batch = resample[torch.randint(rows, (config.batch_size,), generator=generator)]
-            out = network(inputs[batch])
-            loss = (torch.nn.functional.mse_loss(out[:, :-1], targets[batch])
-                    + torch.nn.functional.binary_cross_entropy_with_logits(out[:, -1], terminated[batch]))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        loss = _fit(network, inputs, targets, torch.nn.functional.mse_loss,
+                    lambda r=resample: r[torch.randint(rows, (config.batch_size,), generator=generator)], config)
         model.networks.append(network.eval())
-        progress(member, config.model_ensemble, loss.item())
+        progress(member, networks, loss)
+    termination = mlp(len(model.next_obs_mean), config.model_hidden_layers, 1)
+    loss = _fit(termination, model.next_obs_inputs(a[Col.NEW_OBS]),
+                torch.as_tensor(a[Col.TERMINATEDS], dtype=torch.float32)[:, None],
+                torch.nn.functional.binary_cross_entropy_with_logits,
+                lambda: torch.randint(rows, (config.batch_size,), generator=generator), config)
+    model.termination = termination.eval()
+    progress(networks, networks, loss)
     logged = resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)
     disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
     model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
@@ -153,6 +167,21 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
             obs[rows] = next_obs
             alive[rows[terminated]] = False
     return returns, halted
+
+
+def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+         loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], draw_batch: Callable[[], torch.Tensor],
+         config: OPEConfig) -> float:
+    """`config.model_updates` Adam steps on the loss of the network's outputs against the targets, on batches of rows
+    drawn by `draw_batch`; the last batch's loss."""
+    optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
+    for _ in range(config.model_updates):
+        batch = draw_batch()
+        loss = loss_of(network(inputs[batch]), targets[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
 
 
 def _targets(arrays: dict) -> np.ndarray:

@@ -14,9 +14,12 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+import dataset_format as dataset
 from common.errors import UserError
+from common.run_dir import RunDir
+from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation.config import EvaluateConfig, OPEConfig
-from evaluation.ope import UNRELIABLE, ope
+from evaluation.ope import UNRELIABLE, estimate_policy, logged_episodes, ope
 from evaluation.references import reference_path
 from interop.config import ColumnMapping, ImportConfig
 from interop.importing import import_dataset
@@ -195,6 +198,17 @@ def test_a_softmax_version_of_the_policy_is_estimated_where_asked_and_orl_select
     assert again.returncode == 0, again.stderr[-3000:]
     assert "ope.temperature" not in client.get_run(run_id).data.tags
     assert json.loads((project / "runs" / "dqn" / "ope.json").read_text())["policy"] == "greedy"
+
+
+def test_the_model_based_estimator_alone_fits_no_fqe(project, capsys):
+    location = dataset.locate(str(project / "datasets" / DATASET))
+    card = dataset.read_card(location)
+    policy = ModulePolicy(load_rl_module(RunDir(project / "runs" / "bc").checkpoint), card.spaces[1], greedy=True)
+    episodes = logged_episodes(location, card)
+    output = estimate_policy(policy, card, episodes, episodes, None, OPEConfig(**TINY_OPE), ["model"], label="model")
+    assert set(output["estimates"]) == {"model"} and "value" in output["estimates"]["model"]
+    assert "fqe_fit" not in output and "returns_allowed" not in output
+    assert "fqe iteration" not in capsys.readouterr().err
 
 
 def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier_estimate(project, estimated,
