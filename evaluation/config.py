@@ -98,9 +98,9 @@ class OPEConfig:
     model_updates: int = 2000
     """Gradient steps of each dynamics network (Adam at `lr`, minibatches of `batch_size`)."""
     model_halt_quantile: float = 1.0
-    """A model rollout halts, counting the lowest logged return-to-go for the rest, where its networks' predictions
-    part more than on this share of the logged transitions (1: more than on any of them): the policy has led it
-    where the data says nothing (evaluation/model_based.py)."""
+    """A model rollout halts, counting for the rest the lowest return-to-go logged at that step, where its networks'
+    predictions part more than on this share of the logged transitions (1: more than on any of them): the policy has
+    led it where the data says nothing (evaluation/model_based.py)."""
     bootstrap_samples: int = 200
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95

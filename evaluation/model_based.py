@@ -93,8 +93,8 @@ class DynamicsEnsemble:
         next_obs = obs + predicted[:, :-1]
         with torch.no_grad():
             terminated = self.termination(self.next_obs_inputs(next_obs))[:, 0].numpy() > 0
-        return (np.clip(next_obs, self.obs_low, self.obs_high), np.clip(predicted[:, -1], self.reward_low,
-                                                                          self.reward_high), terminated)
+        rewards = np.clip(predicted[:, -1], self.reward_low, self.reward_high)
+        return np.clip(next_obs, self.obs_low, self.obs_high), rewards, terminated
 
     @staticmethod
     def disagreement(outputs: np.ndarray) -> np.ndarray:
