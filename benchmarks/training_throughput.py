@@ -266,7 +266,8 @@ class LearnerAlone:
         rng = np.random.default_rng(0)
         # The network's input (images mapped on the CPU), made ahead of the clock.
         data = algorithm.offline_data.sample(num_samples=AHEAD_BATCHES * params.batch_size)[DEFAULT_MODULE_ID]
-        order = rng.permutation(AHEAD_BATCHES * params.batch_size).reshape(AHEAD_BATCHES, params.batch_size)
+        rows = len(data[Col.OBS])  # fewer than asked for where the dataset is smaller
+        order = rng.integers(rows, size=(AHEAD_BATCHES, params.batch_size))
         self.batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(
             {key: values[picked] for key, values in data.items()})}, env_steps=params.batch_size) for picked in order]
         self.learner = local_learner(algorithm)
