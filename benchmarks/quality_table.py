@@ -64,10 +64,15 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
+    """Trains for params' iterations, with a progress line every tenth of them (a cell can take an hour)."""
     algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
+    started, every = time.monotonic(), max(1, params.iterations // 10)
     try:
-        for _ in range(params.iterations):
+        for iteration in range(1, params.iterations + 1):
             algorithm.train()
+            if iteration % every == 0:
+                print(f"[train {algo} {dataset_dir.name} seed {seed}] iteration {iteration}/{params.iterations} "
+                      f"({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
         algorithm.save_to_path(checkpoint.resolve())
     finally:
         algorithm.stop()
