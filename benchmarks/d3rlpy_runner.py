@@ -52,10 +52,12 @@ def load(dataset_dir: Path):
         observations = newest_frames(files, frames)
         stacking = dict(transition_picker=d3rlpy.dataset.FrameStackTransitionPicker(n_frames=frames[0]),
                         trajectory_slicer=d3rlpy.dataset.FrameStackTrajectorySlicer(n_frames=frames[0]))
-    # d3rlpy splits episodes at terminal or timeout flags.
+    # d3rlpy splits episodes at terminal or timeout flags, and refuses a step flagged both, which Gymnasium allows (a
+    # hopper falling at the time limit's step): that step ends by termination, with no value beyond it.
+    terminals = column("terminateds")
     return card, discrete, d3rlpy.dataset.MDPDataset(
         observations=observations, actions=actions, rewards=column("rewards"),
-        terminals=column("terminateds"), timeouts=column("truncateds"),
+        terminals=terminals, timeouts=column("truncateds") * (1 - terminals),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS, **stacking,
     )
 

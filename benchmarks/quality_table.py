@@ -97,8 +97,11 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
     if isinstance(params, IQLParams):
         command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
                     "--expectile", str(params.expectile), "--beta", str(params.beta)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return np.array(json.loads(out.strip().splitlines()[-1])["returns"])
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode:
+        raise UserError(f"d3rlpy's {algo} on {dataset_dir} failed: "
+                        f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return np.array(json.loads(run.stdout.strip().splitlines()[-1])["returns"])
 
 
 def field_value(text: str) -> tuple[str, object]:
