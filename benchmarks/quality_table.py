@@ -99,7 +99,7 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
                     "--expectile", str(params.expectile), "--beta", str(params.beta)]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode:
-        raise UserError(f"d3rlpy's {algo} on {dataset_dir} failed: "
+        raise UserError(f"{algo} on {dataset_dir} failed: "
                         f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
     return np.array(json.loads(run.stdout.strip().splitlines()[-1])["returns"])
 
