@@ -11,7 +11,8 @@ evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ±
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
 values set) and OUT/quality.png, after every cell; `--update` keeps the cells (dataset, learner) not measured in
-this run.
+this run, and a measured cell's scores on other seeds where it was measured with the same settings (so `--seeds 1`
+adds a seed to a cell of seed 0).
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
@@ -212,9 +213,9 @@ def main() -> None:
         if CEILING not in reference:
             raise UserError(f"{name}: {no_score_reason(card.env.label)}; the quality table compares normalized scores")
         discrete = isinstance(card.spaces[1], gym.spaces.Discrete)
-        kept = results.get(name, {}).get("scores", {})
-        entry = results[name] = {"env_id": card.env_id, "reference": reference,
-                                 "scores": {**kept, "behaviour": [normalized_score(card.returns["mean"], reference)]}}
+        entry = results[name] = {**results.get(name, {}), "env_id": card.env_id, "reference": reference}
+        entry["scores"] = {**entry.get("scores", {}),
+                           "behaviour": [normalized_score(card.returns["mean"], reference)]}
         table = write_results(results, list(params.all_datasets), args.out)  # the behaviour's row, before any learner
         learners = [(a, a) for a in (DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS)]
         if not args.no_d3rlpy:
@@ -226,11 +227,11 @@ def main() -> None:
                          **{field: value for field, value in args.set if hasattr(configured, field)}}
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
-            entry["scores"][column] = []
-            entry.setdefault("overrides", {})[column] = overrides
-            entry.setdefault("updates_scale", {})[column] = args.updates_scale
-            entry.setdefault("seeds", {})[column] = args.seeds
-            entry.setdefault("sampled", {})[column] = args.sample_actions
+            settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions}
+            scores = kept_scores(entry, column, settings)
+            for key, value in settings.items():
+                entry.setdefault(key, {})[column] = value
+            record(entry, column, scores)
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
@@ -242,12 +243,30 @@ def main() -> None:
                                               greedy=not args.sample_actions)
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
-                score = normalized_score(float(np.mean(returns)), reference)
-                entry["scores"][column].append(score)
+                score = scores[seed] = normalized_score(float(np.mean(returns)), reference)
+                record(entry, column, scores)
                 print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
                 table = write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
     print(table)
+
+
+def kept_scores(entry: dict, column: str, settings: dict) -> dict[int, float]:
+    """The scores by training seed a cell already holds where it was measured with the same `settings` (the
+    entry's per-column overrides, updates scale and sampling), else none: a cell's seeds share its settings."""
+    same = all(entry.get(key, {}).get(column) == json.loads(json.dumps(value)) for key, value in settings.items())
+    if not same or column not in entry.get("seeds", {}):
+        return {}
+    return dict(zip(entry["seeds"][column], entry["scores"][column]))
+
+
+def record(entry: dict, column: str, scores: dict[int, float]) -> None:
+    """A cell's scores and their training seeds, in the seeds' order; no cell until a seed is measured."""
+    if scores:
+        entry.setdefault("seeds", {})[column], entry["scores"][column] = map(list, zip(*sorted(scores.items())))
+    else:
+        entry["scores"].pop(column, None)
+        entry.get("seeds", {}).pop(column, None)
 
 
 def write_results(results: dict, order: list[str], out: Path) -> str:
