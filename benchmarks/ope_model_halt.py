@@ -1,10 +1,14 @@
 """The model-based estimator with and without its halt where the ensemble's networks part (`ope.model_halt_quantile`),
-on the candidates `ope_validation.py` keeps: their true scores against both estimates, per dataset.
+on the candidates `ope_validation.py` keeps: their true scores against both estimates, per dataset; and how well its
+dynamics fit, by the networks' updates.
 
-The dynamics are fitted once per dataset, as `orl ope` fits them (params.yaml's `ope` settings, every logged
-episode); each candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and
-without one. Spearman, regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the
-share of rollouts that halted.
+The dynamics are fitted once per dataset and `--updates` value, as `orl ope` fits them (params.yaml's `ope` settings,
+every logged episode). How well they fit: each output's squared error on the logged transitions as a share of its
+variance, the termination network's recall of the logged endings, and an open-loop replay of logged episodes (their
+own actions from their first state, in the first network) against the logged states, and whether the replay ends
+where a logged episode terminates. Then each candidate kept with a greedy true score (`truth.json`) is rolled out
+with the halt as fitted and without one. Spearman, regret@1 and MAE as `ope_validation.py` reports them
+(evaluation/ope_validation.py), and the share of rollouts that halted.
 
     python -m benchmarks.ope_model_halt --params benchmarks/suite/params.yaml \\
         --datasets-dir benchmarks/suite/datasets --references benchmarks/suite/references \\
@@ -14,6 +18,7 @@ share of rollouts that halted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -24,12 +29,15 @@ import dataset_format as dataset
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation import ope_validation
-from evaluation.model_based import fit_dynamics, rollout_returns
+from evaluation.estimators import Episodes
+from evaluation.model_based import DynamicsEnsemble, fit_dynamics, dynamics_targets, rollout_returns
 from evaluation.ope import actor, episode_horizon, fit_progress, logged_episodes
 from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
+# Steps of the open-loop replay at which its states are compared with the logged ones.
+REPLAY_STEPS = (10, 30, 100)
 
 
 def main() -> None:
@@ -39,6 +47,10 @@ def main() -> None:
     parser.add_argument("--references", type=Path, required=True)
     parser.add_argument("--datasets", nargs="+", required=True)
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates")
+    parser.add_argument("--updates", type=int, nargs="+",
+                        help="the dynamics networks' updates to fit with, one fit each (default: params.yaml's "
+                             "ope.model_updates)")
+    parser.add_argument("--replayed", type=int, default=100, help="logged episodes replayed open loop")
     args = parser.parse_args()
 
     params = load_params(args.params)
@@ -49,26 +61,74 @@ def main() -> None:
         reference = read_reference(args.references, card.env.label, params.evaluate)
         episodes = logged_episodes(location, card)
         horizon, discrete = episode_horizon(card.env, episodes), isinstance(card.spaces[1], gym.spaces.Discrete)
-        model = fit_dynamics(episodes, card.spaces[1].n if discrete else None, params.ope,
-                             fit_progress(name, "model network", "loss"))
-        limits = {"halt": model.disagreement_limit, "no halt": np.inf}
-        print(f"[{name}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt at step 0 "
-              f"counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}", flush=True)
-        starts = episodes.arrays[Col.OBS][episodes.starts]
-        for kept in sorted(p.parent for p in (args.candidates / name).glob("*/truth.json")):
-            truth = json.loads((kept / "truth.json").read_text())["truth"]
-            policy = ModulePolicy(load_rl_module(kept / "checkpoint"), card.spaces[1], greedy=True)
-            line = []
-            for label, limit in limits.items():
-                model.disagreement_limit = limit
-                returns, halted = rollout_returns(model, actor(policy, discrete, params.ope.seed), starts, horizon,
-                                                  params.ope.gamma)
-                estimate = normalized_score(float(returns.mean()), reference)
-                points.append({"dataset": name, "run": kept.name, "estimator": f"model, {label}",
-                               "estimate": estimate, "ci_low": estimate, "ci_high": estimate, "truth": truth})
-                line.append(f"{label} {estimate:.1f} ({halted.mean():.0%} halted)")
-            print(f"[{name}] {kept.name}: true {truth:.1f}; " + ", ".join(line), flush=True)
+        for updates in args.updates or [params.ope.model_updates]:
+            label = f"{name}, {updates} updates"
+            model = fit_dynamics(episodes, card.spaces[1].n if discrete else None,
+                                 dataclasses.replace(params.ope, model_updates=updates),
+                                 fit_progress(label, "model network", "loss"))
+            print_fit(label, model, episodes, args.replayed)
+            limits = {"halt": model.disagreement_limit, "no halt": np.inf}
+            print(f"[{label}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt at "
+                  f"step 0 counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}",
+                  flush=True)
+            starts = episodes.arrays[Col.OBS][episodes.starts]
+            for kept in sorted(p.parent for p in (args.candidates / name).glob("*/truth.json")):
+                truth = json.loads((kept / "truth.json").read_text())["truth"]
+                policy = ModulePolicy(load_rl_module(kept / "checkpoint"), card.spaces[1], greedy=True)
+                line = []
+                for halt, limit in limits.items():
+                    model.disagreement_limit = limit
+                    returns, halted = rollout_returns(model, actor(policy, discrete, params.ope.seed), starts,
+                                                      horizon, params.ope.gamma)
+                    estimate = normalized_score(float(returns.mean()), reference)
+                    estimator = f"model, {halt}" + (f", {updates} updates" if args.updates else "")
+                    points.append({"dataset": name, "run": kept.name, "estimator": estimator,
+                                   "estimate": estimate, "ci_low": estimate, "ci_high": estimate, "truth": truth})
+                    line.append(f"{halt} {estimate:.1f} ({halted.mean():.0%} halted)")
+                print(f"[{label}] {kept.name}: true {truth:.1f}; " + ", ".join(line), flush=True)
     print(ope_validation.markdown(ope_validation.validate(points)))
+
+
+def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed: int) -> None:
+    """How well the fitted dynamics match the logged episodes (the module's docstring says how)."""
+    a = episodes.arrays
+    targets = (dynamics_targets(a) - model.target_mean) / model.target_std
+    unexplained = ((model.outputs(a[Col.OBS], a[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1)) / targets.var(axis=0)
+    ends = model.ends(a[Col.NEW_OBS])
+    logged_ends = np.asarray(a[Col.TERMINATEDS], dtype=bool)
+    print(f"[{label}] unexplained variance of each state change, then the reward: "
+          + ", ".join(f"{share:.2f}" for share in unexplained)
+          + f"; the termination network recalls {ends[logged_ends].mean():.0%} of the logged endings, false "
+          f"alarms on {ends[~logged_ends].mean():.2%} of the other transitions", flush=True)
+    distances, ended = open_loop_replay(model, episodes.select(np.arange(min(replayed, len(episodes)))))
+    print(f"[{label}] open loop, {min(replayed, len(episodes))} logged episodes: median distance to the logged "
+          "state (in the logged states' standard deviations) at step "
+          + ", ".join(f"{step} {distance:.2f}" for step, distance in distances.items())
+          + f"; of the {len(ended)} that terminate, {int(ended.sum())} end in the model by their logged length",
+          flush=True)
+
+
+def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[int, float], np.ndarray]:
+    """The episodes' logged actions from their first states, in the first network, all at once: the median distance
+    (standardized per dimension) from the logged state at each of REPLAY_STEPS that the episodes reach, and, for each
+    episode that terminates, whether the replay ended by its last step."""
+    a = episodes.arrays
+    logged = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
+    scale = logged.std(axis=0) + 1e-6
+    obs = np.asarray(a[Col.OBS], dtype=np.float32)[episodes.starts]
+    ended = np.zeros(len(episodes), dtype=bool)
+    distances = {}
+    for step in range(episodes.lengths.max()):
+        alive = np.flatnonzero(episodes.lengths > step)
+        rows = episodes.starts[alive] + step
+        outputs = model.outputs(obs[alive], a[Col.ACTIONS][rows])
+        next_obs, _, terminated = model.step(outputs[0], obs[alive])
+        ended[alive[terminated]] = True
+        obs[alive] = next_obs
+        if step + 1 in REPLAY_STEPS:
+            distances[step + 1] = float(np.median(np.linalg.norm((next_obs - logged[rows]) / scale, axis=1)))
+    terminates = np.asarray(a[Col.TERMINATEDS], dtype=bool)[episodes.ends - 1]
+    return distances, ended[terminates]
 
 
 if __name__ == "__main__":

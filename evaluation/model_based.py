@@ -45,7 +45,7 @@ class DynamicsEnsemble:
         self.num_actions = num_actions
         self.networks: list[torch.nn.Module] = []  # fitted in fit_dynamics, as is termination
         self.termination: torch.nn.Module | None = None
-        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
+        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), dynamics_targets(a)
         self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
         self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
         next_obs = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
@@ -91,10 +91,14 @@ class DynamicsEnsemble:
         lies beyond every logged state."""
         predicted = out * self.target_std + self.target_mean
         next_obs = obs + predicted[:, :-1]
-        with torch.no_grad():
-            terminated = self.termination(self.next_obs_inputs(next_obs))[:, 0].numpy() > 0
+        terminated = self.ends(next_obs)
         rewards = np.clip(predicted[:, -1], self.reward_low, self.reward_high)
         return np.clip(next_obs, self.obs_low, self.obs_high), rewards, terminated
+
+    def ends(self, next_obs: np.ndarray) -> np.ndarray:
+        """Per row: whether the termination network calls the state an episode's end."""
+        with torch.no_grad():
+            return self.termination(self.next_obs_inputs(next_obs))[:, 0].numpy() > 0
 
     @staticmethod
     def disagreement(outputs: np.ndarray) -> np.ndarray:
@@ -119,7 +123,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     resamples = np.random.default_rng(config.seed)
     model = DynamicsEnsemble(episodes, num_actions, config.gamma)
     inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
-    targets = torch.as_tensor((_targets(a) - model.target_mean) / model.target_std)
+    targets = torch.as_tensor((dynamics_targets(a) - model.target_mean) / model.target_std)
     rows = len(targets)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
@@ -184,7 +188,7 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     return loss.item()
 
 
-def _targets(arrays: dict) -> np.ndarray:
+def dynamics_targets(arrays: dict) -> np.ndarray:
     """The state's change and the reward, as the networks predict them (before normalization)."""
     obs = np.asarray(arrays[Col.OBS], dtype=np.float32)
     change = np.asarray(arrays[Col.NEW_OBS], dtype=np.float32) - obs
