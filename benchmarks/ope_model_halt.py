@@ -30,7 +30,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation import ope_validation
 from evaluation.estimators import Episodes
-from evaluation.model_based import DynamicsEnsemble, dynamics_targets, fit_dynamics, rollout_returns
+from evaluation.model_based import DynamicsEnsemble, fit_dynamics, rollout_returns
 from evaluation.ope import actor, episode_horizon, fit_progress, logged_episodes
 from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
@@ -92,7 +92,7 @@ def main() -> None:
 def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed: int) -> None:
     """How well the fitted dynamics match the logged episodes (the module's docstring says how)."""
     a = episodes.arrays
-    targets = (dynamics_targets(a) - model.target_mean) / model.target_std
+    targets = model.targets(a)
     error = ((model.outputs(a[Col.OBS], a[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
     variance = targets.var(axis=0)
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none

@@ -45,7 +45,7 @@ class DynamicsEnsemble:
         self.num_actions = num_actions
         self.networks: list[torch.nn.Module] = []  # fitted in fit_dynamics, as is termination
         self.termination: torch.nn.Module | None = None
-        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), dynamics_targets(a)
+        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
         self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
         self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
         next_obs = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
@@ -81,6 +81,10 @@ class DynamicsEnsemble:
         inputs = self.inputs(obs, actions)
         with torch.no_grad():
             return np.stack([network(inputs).numpy() for network in self.networks])
+
+    def targets(self, arrays: dict) -> np.ndarray:
+        """The logged transitions' state changes and rewards, normalized as the networks predict them."""
+        return (_targets(arrays) - self.target_mean) / self.target_std
 
     def next_obs_inputs(self, next_obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor((np.asarray(next_obs, dtype=np.float32) - self.next_obs_mean) / self.next_obs_std)
@@ -123,7 +127,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     resamples = np.random.default_rng(config.seed)
     model = DynamicsEnsemble(episodes, num_actions, config.gamma)
     inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
-    targets = torch.as_tensor((dynamics_targets(a) - model.target_mean) / model.target_std)
+    targets = torch.as_tensor(model.targets(a))
     rows = len(targets)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
@@ -188,7 +192,7 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     return loss.item()
 
 
-def dynamics_targets(arrays: dict) -> np.ndarray:
+def _targets(arrays: dict) -> np.ndarray:
     """The state's change and the reward, as the networks predict them (before normalization)."""
     obs = np.asarray(arrays[Col.OBS], dtype=np.float32)
     change = np.asarray(arrays[Col.NEW_OBS], dtype=np.float32) - obs
