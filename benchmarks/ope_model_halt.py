@@ -4,11 +4,12 @@ dynamics fit, by the networks' updates.
 
 The dynamics are fitted once per dataset and `--updates` value, as `orl ope` fits them (params.yaml's `ope` settings,
 every logged episode). How well they fit: each output's squared error on the logged transitions as a share of its
-variance, the termination network's recall of the logged endings, and an open-loop replay of logged episodes (their
-own actions from their first state, in the first network) against the logged states, and whether the replay ends
-where a logged episode terminates. Then each candidate kept with a greedy true score (`truth.json`) is rolled out
-with the halt as fitted and without one. Spearman, regret@1 and MAE as `ope_validation.py` reports them
-(evaluation/ope_validation.py), and the share of rollouts that halted.
+variance, and the share of its variance in the transitions that end an episode; the termination network's recall of
+the logged endings; and an open-loop replay of logged episodes (their own actions from their first state, in the
+first network) against the logged states, and whether the replay ends where a logged episode terminates. Then each
+candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one.
+Spearman, regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of
+rollouts that halted.
 
     python -m benchmarks.ope_model_halt --params benchmarks/suite/params.yaml \\
         --datasets-dir benchmarks/suite/datasets --references benchmarks/suite/references \\
@@ -98,8 +99,13 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none
     ends = model.ends(a[Col.NEW_OBS])
     logged_ends = np.asarray(a[Col.TERMINATEDS], dtype=bool)
+    # A crash's impact, at an episode's last step, may hold most of a velocity's variance in few transitions
+    at_ends = np.divide(((targets[logged_ends] - targets.mean(axis=0)) ** 2).sum(axis=0), variance * len(targets),
+                        out=np.zeros_like(error), where=variance > 0)
     print(f"[{label}] unexplained variance of each state change, then the reward: "
           + ", ".join(f"{share:.2f}" for share in unexplained)
+          + f"; the {int(logged_ends.sum())} of {len(targets)} transitions that end an episode hold "
+          + ", ".join(f"{share:.2f}" for share in at_ends) + " of each one's variance"
           + f"; the termination network recalls {ends[logged_ends].mean():.0%} of the logged endings, false "
           f"alarms on {ends[~logged_ends].mean():.2%} of the other transitions", flush=True)
     distances, ended = open_loop_replay(model, episodes.select(np.arange(min(replayed, len(episodes)))))
