@@ -97,7 +97,7 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
     error = ((model.outputs(a[Col.OBS], a[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
     variance = targets.var(axis=0)
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none
-    ends = model.ends(a[Col.NEW_OBS])
+    ends = model.ends(a[Col.NEW_OBS]) > 0.5
     logged_ends = np.asarray(a[Col.TERMINATEDS], dtype=bool)
     # A crash's impact, at an episode's last step, may hold most of a velocity's variance in few transitions
     at_ends = np.divide(((targets[logged_ends] - targets.mean(axis=0)) ** 2).sum(axis=0), variance * len(targets),
@@ -131,7 +131,7 @@ def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[
         rows = episodes.starts[alive] + step
         outputs = model.outputs(obs[alive], a[Col.ACTIONS][rows])
         next_obs, _, terminated = model.step(outputs[0], obs[alive])
-        ended[alive[terminated]] = True
+        ended[alive[terminated > 0.5]] = True
         obs[alive] = next_obs
         if step + 1 in REPLAY_STEPS:
             distances[step + 1] = float(np.median(np.linalg.norm((next_obs - logged[rows]) / scale, axis=1)))

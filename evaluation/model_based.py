@@ -2,13 +2,16 @@
 
 An ensemble of networks each predicts, from a state and an action, the change to the state and the reward; each is
 fitted on its own resample of the transitions (Fu et al. 2021, "Benchmarks for Deep Off-Policy Evaluation", found such
-models among the strongest estimators). One more network tells from a state whether it ends the episode: termination is
-a function of the state reached in most tasks (a pole past its angle, a tip above the line, a hopper fallen), which a
-network learns more surely than the same ending as a function of the state before and the action (measured in
+models among the strongest estimators). One more network tells from a state the chance that it ends the episode: an
+ending is a function of the state reached in most tasks (a pole past its angle, a tip above the line, a hopper fallen),
+which a network learns more surely than the same ending as a function of the state before and the action (measured in
 benchmarks/README.md). The policy acts in every network from the first state of each episode estimated on, up to the
-horizon or a predicted termination, and its return is the mean over episodes and networks. Unlike FQE's values, held
-within the logged returns-to-go, a model's rollout can find a policy better than every logged episode; it is held only
-within the logged states and rewards, step by step.
+horizon, and its return is the mean over episodes and networks. Each step's reward counts at the rollout's chance of not
+having ended before it, the product of one minus the termination network's probability at each state reached: an ending
+the data shows as likely but not certain (a lander touching down fast) then ends a share of the rollouts, where a cut at
+even odds would let them all fly on, earning rewards to the time limit (measured on LunarLander, benchmarks/README.md).
+Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a policy better than every logged
+episode; it is held only within the logged states and rewards, step by step.
 
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
 more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts for the rest the
@@ -34,6 +37,8 @@ from evaluation.estimators import Episodes, mlp
 
 # Logged transitions the networks' disagreement is calibrated on: a quantile of a sample this size is steady.
 CALIBRATION_ROWS = 50_000
+# A rollout whose chance of not having ended falls below this stops: the rest of it would count for that little.
+NEGLIGIBLE_CHANCE = 1e-3
 
 
 class DynamicsEnsemble:
@@ -90,19 +95,19 @@ class DynamicsEnsemble:
         return torch.as_tensor((np.asarray(next_obs, dtype=np.float32) - self.next_obs_mean) / self.next_obs_std)
 
     def step(self, out: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(next states, rewards, terminated) from one network's `outputs`, held within the logged states and
-        rewards; termination is told from the next state as predicted, before it is held: a pole past its angle
-        lies beyond every logged state."""
+        """(next states, rewards, probabilities that the step ends the episode) from one network's `outputs`, held
+        within the logged states and rewards; the ending is told from the next state as predicted, before it is
+        held: a pole past its angle lies beyond every logged state."""
         predicted = out * self.target_std + self.target_mean
         next_obs = obs + predicted[:, :-1]
-        terminated = self.ends(next_obs)
+        ends = self.ends(next_obs)
         rewards = np.clip(predicted[:, -1], self.reward_low, self.reward_high)
-        return np.clip(next_obs, self.obs_low, self.obs_high), rewards, terminated
+        return np.clip(next_obs, self.obs_low, self.obs_high), rewards, ends
 
     def ends(self, next_obs: np.ndarray) -> np.ndarray:
-        """Per row: whether the termination network calls the state an episode's end."""
+        """Per row: the termination network's probability that the state ends the episode."""
         with torch.no_grad():
-            return self.termination(self.next_obs_inputs(next_obs))[:, 0].numpy() > 0
+            return torch.sigmoid(self.termination(self.next_obs_inputs(next_obs))[:, 0]).numpy()
 
     @staticmethod
     def disagreement(outputs: np.ndarray) -> np.ndarray:
@@ -153,27 +158,29 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
 def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndarray], starts: np.ndarray,
                     horizon: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
-    from each start, for `horizon` steps or until a predicted termination, or a halt where the networks disagree
-    (the lowest return-to-go logged at that step then counts for the rest); and (starts, networks) whether each
-    halted."""
+    from each start, each reward weighted by the chance the rollout has not ended, for `horizon` steps or until that
+    chance is negligible, or a halt where the networks disagree (the lowest return-to-go logged at that step then
+    counts for the rest, at the same chance); and (starts, networks) the chance that each halted."""
     returns = np.zeros((len(starts), len(model)))
-    halted = np.zeros((len(starts), len(model)), dtype=bool)
+    halted = np.zeros((len(starts), len(model)))
     for network in range(len(model)):
         obs, alive = np.array(starts, dtype=np.float32), np.ones(len(starts), dtype=bool)
+        going_on = np.ones(len(starts))  # the chance that the rollout has not ended
         for step in range(horizon):
             rows = np.flatnonzero(alive)
             if not len(rows):
                 break
             outputs = model.outputs(obs[rows], act(obs[rows]))
             unknown = model.disagreement(outputs) > model.disagreement_limit
-            returns[rows[unknown], network] += gamma**step * model.halt_value(step)
-            halted[rows[unknown], network] = True
+            returns[rows[unknown], network] += gamma**step * going_on[rows[unknown]] * model.halt_value(step)
+            halted[rows[unknown], network] = going_on[rows[unknown]]
             alive[rows[unknown]] = False
             rows = rows[~unknown]
-            next_obs, rewards, terminated = model.step(outputs[network][~unknown], obs[rows])
-            returns[rows, network] += gamma**step * rewards
+            next_obs, rewards, ends = model.step(outputs[network][~unknown], obs[rows])
+            returns[rows, network] += gamma**step * going_on[rows] * rewards
             obs[rows] = next_obs
-            alive[rows[terminated]] = False
+            going_on[rows] *= 1 - ends
+            alive[rows[going_on[rows] < NEGLIGIBLE_CHANCE]] = False
     return returns, halted
 
 

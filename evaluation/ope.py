@@ -303,7 +303,7 @@ def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_ac
                  config: OPEConfig, reference: dict | None, label: str) -> dict:
     """The policy rolled out in dynamics fitted on `fit`, from each held-out episode's first state; the interval
     resamples the networks of the ensemble with the episodes. `left_data`: the share of rollouts that halted where
-    the networks disagree."""
+    the networks disagree (each counted at its chance of not having ended before)."""
     model = fit_dynamics(fit, num_actions, config, fit_progress(label, "model network", "loss"))
     starts = held_out.arrays[Col.OBS][held_out.starts]
     returns, halted = rollout_returns(model, actor(policy, num_actions is not None, config.seed), starts, horizon,

@@ -26,21 +26,23 @@ CONFIG = OPEConfig(model_hidden_layers=[64, 64], model_ensemble=2, model_updates
 def logged_episodes(episodes: int, seed: int = 0) -> Episodes:
     """Episodes of a uniformly random behaviour policy."""
     rng = np.random.default_rng(seed)
-    columns = {name: [] for name in (Col.EPS_ID, Col.T, Col.OBS, Col.ACTIONS, Col.REWARDS, Col.NEW_OBS,
-                                     Col.TERMINATEDS, Col.TRUNCATEDS)}
+    steps = []
     for episode in range(episodes):
         position, t = rng.uniform(0, 2), 0
         while position < END:
             action = int(rng.integers(2))
             moved = position + MOVES[action]
-            for name, value in ((Col.EPS_ID, episode), (Col.T, t), (Col.OBS, [position]), (Col.ACTIONS, action),
-                                (Col.REWARDS, 1.0), (Col.NEW_OBS, [moved]), (Col.TERMINATEDS, moved >= END),
-                                (Col.TRUNCATEDS, False)):
-                columns[name].append(value)
+            steps.append((episode, t, position, action, moved, moved >= END))
             position, t = moved, t + 1
-    arrays = {name: np.array(values) for name, values in columns.items()}
-    arrays[Col.OBS], arrays[Col.NEW_OBS] = arrays[Col.OBS].astype(np.float32), arrays[Col.NEW_OBS].astype(np.float32)
-    return Episodes.of(arrays)
+    return episodes_of(steps)
+
+
+def episodes_of(steps: list[tuple]) -> Episodes:
+    """Episodes from (eps_id, t, position, action, next position, terminated) per step, every step earning 1."""
+    eps_id, t, obs, actions, new_obs, terminateds = (np.array(column) for column in zip(*steps))
+    return Episodes.of({Col.EPS_ID: eps_id, Col.T: t, Col.OBS: obs[:, None].astype(np.float32), Col.ACTIONS: actions,
+                        Col.REWARDS: np.ones(len(t)), Col.NEW_OBS: new_obs[:, None].astype(np.float32),
+                        Col.TERMINATEDS: terminateds, Col.TRUNCATEDS: np.zeros(len(t), dtype=bool)})
 
 
 def steps_to_end(start: float, action: int) -> int:
@@ -57,16 +59,33 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
         assert returns.shape == (3, CONFIG.model_ensemble)
         truth = [steps_to_end(float(s), action) for s in starts[:, 0]]
         np.testing.assert_allclose(returns.mean(axis=1), truth, atol=0.6)
-        assert not halted.any()  # every move the policies make, the data shows
+        # Every move the policies make, the data shows: only the small chance of going on past the end halts
+        assert halted.max() < 0.05
     assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
 
 
-def test_a_step_past_the_end_terminates_and_its_state_is_held_within_the_logged_ones():
+def test_a_step_past_the_end_surely_terminates_and_its_state_is_held_within_the_logged_ones():
     model = fit_dynamics(logged_episodes(300), 2, CONFIG, lambda *_: None)
     obs = np.array([[1.0], [4.0], [5.5]], dtype=np.float32)
-    next_obs, _, terminated = model.step(model.outputs(obs, np.ones(3, dtype=np.int64))[0], obs)
-    assert terminated.tolist() == [False, False, True]  # 2.5, 5.5 and 7.0: the last past the end
+    next_obs, _, ends = model.step(model.outputs(obs, np.ones(3, dtype=np.int64))[0], obs)
+    np.testing.assert_allclose(ends, [0, 0, 1], atol=0.05)  # 2.5, 5.5 and 7.0: the last past the end
     assert next_obs.max() <= model.obs_high.max()
+
+
+def test_an_ending_the_data_shows_as_uncertain_counts_at_its_chance():
+    """Positions drawn at random, where any step ends the episode one time in five: the expected return is five
+    steps' rewards. A cut at even odds would never end a rollout, and give the horizon's 50."""
+    rng = np.random.default_rng(0)
+    steps, episode, t = [], 0, 0
+    while episode < 1000:
+        end = bool(rng.random() < 0.2)
+        steps.append((episode, t, rng.random(), int(rng.integers(2)), rng.random(), end))
+        episode, t = (episode + 1, 0) if end else (episode, t + 1)
+    model = fit_dynamics(episodes_of(steps), 2, CONFIG, lambda *_: None)
+    returns, halted = rollout_returns(model, lambda obs: np.zeros(len(obs), dtype=np.int64),
+                                      np.full((1, 1), 0.5, np.float32), horizon=50, gamma=1.0)
+    assert not halted.any()
+    np.testing.assert_allclose(returns, 5.0, rtol=0.15)
 
 
 def test_a_rollout_stops_at_the_horizon_and_discounts():
@@ -91,7 +110,7 @@ def test_a_rollout_halts_where_the_networks_part_more_than_on_any_logged_transit
     starts, act = np.array([[0.5], [1.0]], dtype=np.float32), lambda obs: np.ones(len(obs), dtype=np.int64)
     model.disagreement_limit = logged.min() / 2  # as if the networks parted everywhere: each rollout halts at once
     returns, halted = rollout_returns(model, act, starts, horizon=50, gamma=0.5)
-    assert halted.all() and np.all(returns == lengths.min())  # the halt's value at step 0: the shortest episode
+    assert np.all(halted == 1) and np.all(returns == lengths.min())  # the halt's value at step 0: the shortest episode
 
 
 def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
