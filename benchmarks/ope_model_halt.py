@@ -39,6 +39,8 @@ from pipelines.params import load_params
 ROOT = Path(__file__).resolve().parent.parent
 # Steps of the open-loop replay at which its states are compared with the logged ones.
 REPLAY_STEPS = (10, 30, 100)
+# The termination network calls a state an ending where it gives one better odds than this (for recall and replays).
+EVEN_ODDS = 0.5
 
 
 def main() -> None:
@@ -97,7 +99,7 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
     error = ((model.outputs(a[Col.OBS], a[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
     variance = targets.var(axis=0)
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none
-    ends = model.ends(a[Col.NEW_OBS]) > 0.5
+    ends = model.ends(a[Col.NEW_OBS]) > EVEN_ODDS
     logged_ends = np.asarray(a[Col.TERMINATEDS], dtype=bool)
     # A crash's impact, at an episode's last step, may hold most of a velocity's variance in few transitions
     at_ends = np.divide(((targets[logged_ends] - targets.mean(axis=0)) ** 2).sum(axis=0), variance * len(targets),
@@ -130,8 +132,8 @@ def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[
         alive = np.flatnonzero(episodes.lengths > step)
         rows = episodes.starts[alive] + step
         outputs = model.outputs(obs[alive], a[Col.ACTIONS][rows])
-        next_obs, _, terminated = model.step(outputs[0], obs[alive])
-        ended[alive[terminated > 0.5]] = True
+        next_obs, _, ends = model.step(outputs[0], obs[alive])
+        ended[alive[ends > EVEN_ODDS]] = True
         obs[alive] = next_obs
         if step + 1 in REPLAY_STEPS:
             distances[step + 1] = float(np.median(np.linalg.norm((next_obs - logged[rows]) / scale, axis=1)))
