@@ -164,23 +164,22 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
     returns = np.zeros((len(starts), len(model)))
     halted = np.zeros((len(starts), len(model)))
     for network in range(len(model)):
-        obs, alive = np.array(starts, dtype=np.float32), np.ones(len(starts), dtype=bool)
-        going_on = np.ones(len(starts))  # the chance that the rollout has not ended
+        obs = np.array(starts, dtype=np.float32)
+        going_on = np.ones(len(starts))  # the chance that the rollout has not ended (0 once it halted)
         for step in range(horizon):
-            rows = np.flatnonzero(alive)
+            rows = np.flatnonzero(going_on >= NEGLIGIBLE_CHANCE)
             if not len(rows):
                 break
             outputs = model.outputs(obs[rows], act(obs[rows]))
             unknown = model.disagreement(outputs) > model.disagreement_limit
-            returns[rows[unknown], network] += gamma**step * going_on[rows[unknown]] * model.halt_value(step)
             halted[rows[unknown], network] = going_on[rows[unknown]]
-            alive[rows[unknown]] = False
+            returns[rows[unknown], network] += gamma**step * going_on[rows[unknown]] * model.halt_value(step)
+            going_on[rows[unknown]] = 0
             rows = rows[~unknown]
             next_obs, rewards, ends = model.step(outputs[network][~unknown], obs[rows])
             returns[rows, network] += gamma**step * going_on[rows] * rewards
             obs[rows] = next_obs
             going_on[rows] *= 1 - ends
-            alive[rows[going_on[rows] < NEGLIGIBLE_CHANCE]] = False
     return returns, halted
 
 
