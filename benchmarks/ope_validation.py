@@ -131,8 +131,9 @@ def main() -> None:
     table = ope_validation.markdown(summary) + "\n" + ope_validation.selection_markdown(selection)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ope_validation.md").write_text(table)
-    (args.out / "ope_validation.json").write_text(json.dumps({"summary": summary, "selection": selection,
-                                                              "candidates": candidates}, indent=2))
+    (args.out / "ope_validation.json").write_text(json.dumps({
+        "summary": summary, "selection": selection, "candidates": candidates,
+        "behaviours": {name: dataclasses.asdict(interval) for name, (interval, _) in behaviours.items()}}, indent=2))
     plots.estimates_against_truth(points, args.out / "ope_validation.png")
     print(table)
 

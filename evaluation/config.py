@@ -56,6 +56,9 @@ class ReferenceConfig:
 # Off-policy estimators, by the name `orl ope --estimators`, `orl select --by` and MLflow's `ope/NAME` use.
 FQE, WPDIS, DR, MODEL = "fqe", "wpdis", "dr", "model"
 ESTIMATORS = (FQE, WPDIS, DR, MODEL)
+# What `orl select` picks by unless told: a run at the interval FQE and the model-based estimator agree on, since
+# they err in different places (docs/ope.md, "How `orl select` picks").
+SELECT_BY = (FQE, MODEL)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from common.observations import ModelInput, is_image
 from common.run_dir import RunDir, write_json
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
-from evaluation.config import DR, ESTIMATORS, FQE, MODEL, WPDIS, EvaluateConfig, OPEConfig
+from evaluation.config import DR, ESTIMATORS, FQE, MODEL, SELECT_BY, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios, resampling_members
 from evaluation.model_based import fit_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
-from evaluation.selection import BEHAVIOUR, Interval, policy_name, rank_by_lower_bound, stands_above
+from evaluation.selection import (BEHAVIOUR, Interval, agreed, policy_name, rank_by_lower_bound, rule_name,
+                                  stands_above)
 
 # Rows of observations the policy sees at once: bounds memory on large datasets.
 POLICY_CHUNK = 65_536
@@ -171,33 +172,40 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     }
 
 
-def select(dataset_name: str, estimator: str) -> dict:
+def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
     """Chooses, among the finished MLflow runs trained on the dataset, the one the rule of evaluation/selection.py
-    picks (the highest lower bound), says whether its interval stands clear of the runner-up's, and points the
-    registry alias DATASET-ope-best at its model version (taking it from any other model). Refuses, setting nothing,
-    where no run stands above the behaviour policy."""
+    picks (the highest lower bound; by several estimators, the highest of each run's lowest lower bound), says
+    whether its interval stands clear of the runner-up's, and points the registry alias DATASET-ope-best at its model
+    version (taking it from any other model). Refuses, setting nothing, where no run stands above the behaviour
+    policy. By default, by the estimators of `SELECT_BY` that were run on the dataset (the model-based estimator is
+    not on images)."""
     tracking.connect()
-    metric, lower, upper = mlflow_metrics(estimator)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               filter_string=f"tags.dataset = '{dataset_name}' and attributes.status = 'FINISHED'")
-    candidates = [r for r in runs if _interval(r.data.metrics, estimator).finite and TEMPERATURE_TAG not in r.data.tags]
+    if estimators is None:
+        estimators = [e for e in SELECT_BY if any(mlflow_metrics(e)[0] in r.data.metrics for r in runs)]
+        estimators = estimators or list(SELECT_BY)
+    metrics = " and ".join(mlflow_metrics(e)[0] for e in estimators)
+    rule = rule_name(estimators)
+    candidates = [r for r in runs if _agreed(r.data.metrics, estimators).finite and TEMPERATURE_TAG not in r.data.tags]
     if not candidates:
-        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metric {metric} of its "
+        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metrics {metrics} of its "
                         f"own policy (tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first, "
                         "without --temperature")
     client = mlflow.MlflowClient()
     versions = {r.info.run_id: client.search_model_versions(f"run_id = '{r.info.run_id}'") for r in candidates}
     runs_by_id = {r.info.run_id: r for r in candidates if versions[r.info.run_id]}
     if not runs_by_id:
-        raise UserError(f"no run with {metric} on dataset '{dataset_name}' has a registered model version")
-    estimates = {run_id: _interval(r.data.metrics, estimator) for run_id, r in runs_by_id.items()}
+        raise UserError(f"no run with {metrics} on dataset '{dataset_name}' has a registered model version")
+    estimates = {run_id: _agreed(r.data.metrics, estimators) for run_id, r in runs_by_id.items()}
     ranked = [runs_by_id[run_id] for run_id in rank_by_lower_bound(estimates)]
     best = ranked[0]
     for r in ranked:
-        e = estimates[r.info.run_id]
-        print(f"[select {dataset_name}] {r.info.run_name}: {metric} {e.value:.1f} [{e.low:.1f}, {e.high:.1f}]"
+        each = ", ".join(f"{mlflow_metrics(e)[0]} {_describe(_interval(r.data.metrics, e))}" for e in estimators)
+        together = f" -> {rule} {_describe(estimates[r.info.run_id])}" if len(estimators) > 1 else ""
+        print(f"[select {dataset_name}] {r.info.run_name}: {each}{together}"
               + ("  <- the highest lower bound" if r is best else ""), file=sys.stderr)
-    _require_above_behaviour(dataset_name, best, estimates[best.info.run_id], metric)
+    _require_above_behaviour(dataset_name, best, estimates[best.info.run_id], rule)
     chosen = versions[best.info.run_id][0]
     alias = f"{dataset_name}-ope-best"
     for name in {v.name for found in versions.values() for v in found} - {chosen.name}:
@@ -211,9 +219,10 @@ def select(dataset_name: str, estimator: str) -> dict:
                   f"its interval overlaps the runner-up's ({runner_up.info.run_name}): the data does not tell "
                   "them apart")
     print(f"[select {dataset_name}] alias {alias} -> models:/{chosen.name}/{chosen.version} "
-          f"(run {best.info.run_name}, the highest lower bound; {confidence})", file=sys.stderr)
-    return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id,
-            metric: best.data.metrics[metric], lower: best.data.metrics[lower], "clear_of_runner_up": clear}
+          f"(run {best.info.run_name}, the highest lower bound by {rule}; {confidence})", file=sys.stderr)
+    picked = estimates[best.info.run_id]
+    return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id, "by": rule,
+            "estimate": picked.value, "ci_low": picked.low, "ci_high": picked.high, "clear_of_runner_up": clear}
 
 
 def _interval(metrics: dict, estimator: str) -> Interval:
@@ -221,18 +230,25 @@ def _interval(metrics: dict, estimator: str) -> Interval:
     return Interval(*(metrics.get(name, math.nan) for name in mlflow_metrics(estimator)))
 
 
-def _require_above_behaviour(dataset_name: str, best, pick: Interval, metric: str) -> None:
+def _agreed(metrics: dict, estimators: list[str]) -> Interval:
+    return agreed([_interval(metrics, e) for e in estimators])
+
+
+def _describe(interval: Interval) -> str:
+    return f"{interval.value:.1f} [{interval.low:.1f}, {interval.high:.1f}]"
+
+
+def _require_above_behaviour(dataset_name: str, best, pick: Interval, rule: str) -> None:
     """The pick must stand above the behaviour policy's interval (its run's `ope/behaviour` metrics): otherwise the
     data does not show that it does better than what logged it."""
     behaviour = _interval(best.data.metrics, BEHAVIOUR)
     if not behaviour.finite:
         raise UserError(f"run {best.info.run_name} has no ope/{BEHAVIOUR} metric (its estimates predate it); run "
                         f"`orl ope` on it again")
-    print(f"[select {dataset_name}] {BEHAVIOUR} policy (its logged returns): {behaviour.value:.1f} "
-          f"[{behaviour.low:.1f}, {behaviour.high:.1f}]", file=sys.stderr)
+    print(f"[select {dataset_name}] {BEHAVIOUR} policy (its logged returns): {_describe(behaviour)}", file=sys.stderr)
     if not stands_above(pick, behaviour):
         raise UserError(f"no run on dataset '{dataset_name}' stands above its behaviour policy: the highest lower "
-                        f"bound, {pick.low:.1f} ({metric} of {best.info.run_name}), is within the behaviour's "
+                        f"bound, {pick.low:.1f} ({rule} of {best.info.run_name}), is within the behaviour's "
                         f"interval [{behaviour.low:.1f}, {behaviour.high:.1f}] or below it; no alias set (keep the "
                         "behaviour policy, or train on more data)")
 

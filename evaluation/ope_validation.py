@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from evaluation.selection import Interval, select_by_rule
+from evaluation.config import SELECT_BY
+from evaluation.selection import Interval, agreed, rule_name, select_by_rule
 
 KEPT_BEHAVIOUR = "behaviour policy"  # what the rule keeps where it refuses to pick a run
 
@@ -43,22 +44,30 @@ def _regret(chosen: float, truths: list[float]) -> float | None:
 
 
 def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval, float]],
-                       truths: dict[str, dict[str, float]]) -> dict:
-    """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs: `points` as `validate`
+                       truths: dict[str, dict[str, float]], together: tuple[str, ...] = SELECT_BY) -> dict:
+    """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs, by each estimator and by
+    the estimators `together` as `orl select --by` takes them (where the points have them all): `points` as `validate`
     takes them, with each estimate's run and interval (keys run, ci_low, ci_high); `behaviours`, per dataset, the
     behaviour policy's interval and true score; `truths`, per dataset, the true score of every run estimated, with a
-    number or without. Per estimator and dataset: what the rule keeps (a run, or the behaviour policy where it
-    refuses), its true score, the best true score among the runs and the behaviour policy, and the rule's regret,
+    number or without. Per rule and dataset: what the rule keeps (a run, or the behaviour policy where it refuses),
+    its true score, the best true score among the runs and the behaviour policy, and the rule's regret,
     (best - kept) / (best - worst); then the median regret and the datasets where what it kept is worse than the
     behaviour policy."""
+    rules = {estimator: [estimator] for estimator in dict.fromkeys(p["estimator"] for p in points)}
+    if len(together) > 1 and set(together) <= rules.keys():
+        rules[rule_name(list(together))] = list(together)
     summary = {}
-    for estimator in dict.fromkeys(p["estimator"] for p in points):
+    for rule, estimators in rules.items():
         per_dataset = {}
-        for name in sorted({p["dataset"] for p in points if p["estimator"] == estimator} & behaviours.keys()):
-            group = {p["run"]: p for p in points if p["estimator"] == estimator and p["dataset"] == name}
+        for name in sorted({p["dataset"] for p in points if p["estimator"] in estimators} & behaviours.keys()):
+            found: dict[str, dict[str, Interval]] = {}
+            for p in points:
+                if p["dataset"] == name and p["estimator"] in estimators:
+                    found.setdefault(p["run"], {})[p["estimator"]] = Interval(p["estimate"], p["ci_low"], p["ci_high"])
+            estimates = {run: agreed([by[e] for e in estimators])
+                         for run, by in found.items() if by.keys() == set(estimators)}
             behaviour, behaviour_truth = behaviours[name]
-            pick = select_by_rule({run: Interval(p["estimate"], p["ci_low"], p["ci_high"]) for run, p in group.items()},
-                                  behaviour)
+            pick = select_by_rule(estimates, behaviour)
             everything = truths[name] | {KEPT_BEHAVIOUR: behaviour_truth}
             kept = pick or KEPT_BEHAVIOUR
             best = max(everything, key=everything.get)
@@ -66,9 +75,9 @@ def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval,
                                  "best_truth": everything[best], "regret": _regret(everything[kept],
                                                                                    list(everything.values())),
                                  "worse_than_behaviour": everything[kept] < behaviour_truth}
-        summary[estimator] = {"median_regret": _median([d["regret"] for d in per_dataset.values()]),
-                              "worse_than_behaviour": sum(d["worse_than_behaviour"] for d in per_dataset.values()),
-                              "datasets": per_dataset}
+        summary[rule] = {"median_regret": _median([d["regret"] for d in per_dataset.values()]),
+                         "worse_than_behaviour": sum(d["worse_than_behaviour"] for d in per_dataset.values()),
+                         "datasets": per_dataset}
     return summary
 
 

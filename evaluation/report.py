@@ -11,9 +11,10 @@ from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, read_csv, write_json
 from dataset_format import read_card
 from evaluation import ope_validation
+from evaluation.config import SELECT_BY
 from evaluation.references import no_score_reason, normalized_score, reference_path
 from evaluation.selection import BEHAVIOUR as BEHAVIOUR_ESTIMATE
-from evaluation.selection import Interval, policy_name
+from evaluation.selection import Interval, policy_name, rule_name
 
 BEHAVIOUR = "behaviour policy"
 # The results table's place when no run was evaluated in an env (data without a simulator): the estimates remain.
@@ -109,8 +110,9 @@ def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
     if selection:
         text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
                  "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "
-                 "where that bound does not stand above the behaviour's interval (docs/ope.md); its regret against the "
-                 "best of the behaviour policy and the runs estimated, with a number or without.\n\n"
+                 "where that bound does not stand above the behaviour's interval, by each estimator and by "
+                 f"{rule_name(list(SELECT_BY))} together, `orl select`'s default (docs/ope.md); its regret against "
+                 "the best of the behaviour policy and the runs estimated, with a number or without.\n\n"
                  + ope_validation.selection_markdown(selection))
     return text
 

@@ -31,6 +31,21 @@ class Interval:
         return all(math.isfinite(x) for x in (self.value, self.low, self.high))
 
 
+def agreed(intervals: list[Interval]) -> Interval:
+    """Several estimators' intervals for one policy as the one interval a rule by all of them reads: from the lowest
+    lower bound to the highest upper bound, at the lowest estimate. A policy is then picked only where every
+    estimator's interval stands above the behaviour policy's, and told apart from another only where every
+    estimator's interval stands clear of all of the other's. NaN where any estimator gave no number."""
+    if not all(i.finite for i in intervals):
+        return Interval(math.nan, math.nan, math.nan)
+    return Interval(min(i.value for i in intervals), min(i.low for i in intervals), max(i.high for i in intervals))
+
+
+def rule_name(estimators: list[str]) -> str:
+    """The rule by these estimators together, as the report and selection.json name it: `fqe+model`."""
+    return "+".join(estimators)
+
+
 def rank_by_lower_bound(estimates: dict[str, Interval]) -> list[str]:
     """The highest lower bound first (a policy is picked for what the data shows it surely does, not for an estimate
     it may owe to noise), then the highest estimate."""

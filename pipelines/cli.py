@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.ray_runtime import ask_for_token_auth, quiet_library_notices, start_ray
-from evaluation.config import ESTIMATORS, FQE
+from evaluation.config import ESTIMATORS, SELECT_BY
 from pipelines.params import Params, load_params
 from pipelines.warm import forward, warm_server
 from training.config import AlgosConfig
@@ -227,7 +227,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("select", help="point the registry alias DATASET-ope-best at the best run by an estimate")
     p.add_argument("--dataset", required=True, help="the name of the dataset the runs were trained on")
-    p.add_argument("--by", choices=ESTIMATORS, default=FQE, help="the estimator (MLflow metric ope/NAME)")
+    p.add_argument("--by", nargs="+", choices=ESTIMATORS,
+                   help="the estimators (MLflow metrics ope/NAME); with several, a run is picked only where all of "
+                        f"them put it above the behaviour policy (default: {' and '.join(SELECT_BY)}, of them those "
+                        "run on the dataset; docs/ope.md)")
     p.set_defaults(handler=cmd_select, reads_params=False)
 
     p = sub.add_parser("report", help="one table and plots across all evaluated runs")

@@ -109,6 +109,10 @@ def test_ope_estimates_a_policy_on_frames_through_a_cnn(workdir):
             assert low <= estimate["value"] <= high, (name, ope)
         assert f"[ope bc] {name}: " in log
     assert "learns the dynamics of vector observations" in ope["estimates"]["model"]["undefined"]
+    chosen = orl("select", "--dataset", "pong", cwd=workdir)  # by default by FQE and the model: here by FQE alone
+    last = chosen.stderr.strip().splitlines()[-1]
+    assert "ope/model" not in chosen.stderr and ("the highest lower bound by fqe;" in last or "(fqe of " in last), (
+        chosen.stderr[-2000:])
 
 
 def test_frames_go_to_minari_and_come_back_with_the_same_rows(workdir, tmp_path):

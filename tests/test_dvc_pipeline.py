@@ -196,8 +196,8 @@ def test_select_picks_bc_on_the_users_env_and_nothing_on_expert_data(repo, user_
     """BC walks right every time, the data's behaviour only mostly: the estimates tell them apart. On the expert's
     data nothing can beat the expert that logged it."""
     result = run(["orl", "select", "--dataset", "corridor-mixed", "--by", "fqe"], repo, user_env)
-    assert ("alias corridor-mixed-ope-best -> models:/Corridor-bc/1 (run bc-corridor-mixed, the highest lower bound; "
-            "the only candidate)") in result.stderr
+    assert ("alias corridor-mixed-ope-best -> models:/Corridor-bc/1 (run bc-corridor-mixed, the highest lower bound by "
+            "fqe; the only candidate)") in result.stderr
     refused = subprocess.run(["orl", "select", "--dataset", "cartpole-expert", "--by", "fqe"], cwd=repo, env=user_env,
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2, refused.stderr[-3000:]

@@ -18,7 +18,7 @@ import dataset_format as dataset
 from common.errors import UserError
 from common.observations import ModelInput
 from dataset_format import Col
-from evaluation.config import OPEConfig
+from evaluation.config import FQE, MODEL, OPEConfig
 from evaluation.estimators import (
     Episodes,
     FitReport,
@@ -37,7 +37,7 @@ from evaluation.ope_validation import (
     validate,
     validate_selection,
 )
-from evaluation.selection import Interval
+from evaluation.selection import Interval, agreed
 from tests.conftest import write_frame_stacks
 
 HORIZON = 8
@@ -211,6 +211,32 @@ def test_the_selection_rule_is_validated_by_what_it_keeps():
     table = selection_markdown({"fqe": summary})
     assert "| fqe | a | iql | 50.0 | marwil (60.0) | 0.17 |" in table
     assert f"| fqe | b | {KEPT_BEHAVIOUR} | 100.0 | {KEPT_BEHAVIOUR} (100.0) | 0.00 |" in table
+
+
+def test_by_fqe_and_the_model_together_the_rule_keeps_only_what_both_put_above_the_behaviour_policy():
+    """As `orl select --by fqe model` picks: each run at its lowest lower bound among the estimators, and passed over
+    where one of them gave no number. FQE alone keeps the runs it over-values; both together keep the run both put
+    above the behaviour policy, or the behaviour policy where none stands above by both."""
+    def point(dataset, run, estimator, low, high, truth):
+        return {"dataset": dataset, "estimator": estimator, "run": run, "estimate": (low + high) / 2, "ci_low": low,
+                "ci_high": high, "truth": truth}
+
+    points = [point("a", "dqn", FQE, 75, 85, 15), point("a", "dqn", MODEL, 5, 15, 15),
+              point("a", "iql", FQE, 55, 65, 55), point("a", "iql", MODEL, 45, 55, 55),
+              point("a", "marwil", FQE, 88, 92, 5),  # the model-based estimate out of range
+              point("b", "bc", FQE, 65, 75, 20), point("b", "bc", MODEL, 15, 25, 20)]
+    behaviours = {name: (Interval(30, 25, 35), 30.0) for name in "ab"}
+    truths = {"a": {"dqn": 15, "iql": 55, "marwil": 5}, "b": {"bc": 20}}
+
+    summary = validate_selection(points, behaviours, truths, together=(FQE, MODEL))
+
+    assert list(summary) == [FQE, MODEL, "fqe+model"]
+    assert [summary[FQE]["datasets"][name]["kept"] for name in "ab"] == ["marwil", "bc"]
+    assert summary[FQE]["worse_than_behaviour"] == 2
+    assert [summary["fqe+model"]["datasets"][name]["kept"] for name in "ab"] == ["iql", KEPT_BEHAVIOUR]
+    assert summary["fqe+model"]["worse_than_behaviour"] == 0 and summary["fqe+model"]["median_regret"] == 0.0
+    assert agreed([Interval(80, 75, 85), Interval(10, 5, 15)]) == Interval(10, 5, 85)
+    assert not agreed([Interval(80, 75, 85), Interval(math.nan, math.nan, math.nan)]).finite
 
 
 def test_validation_of_policies_that_all_score_the_same_says_so_instead_of_nan():

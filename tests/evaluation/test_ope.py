@@ -105,10 +105,27 @@ def test_select_refuses_when_no_run_stands_above_the_behaviour_policy(project, e
     best = max(dr, key=lambda algo: dr[algo]["ci_low"])
     result = orl("select", "--dataset", DATASET, "--by", "dr", cwd=project)
     assert_user_error(result, f"no run on dataset '{DATASET}' stands above its behaviour policy: the highest lower "
-                      f"bound, {dr[best]['ci_low']:.1f} (ope/dr of {best}-{DATASET})", "no alias set")
+                      f"bound, {dr[best]['ci_low']:.1f} (dr of {best}-{DATASET})", "no alias set")
     assert f"] {best}-{DATASET}: ope/dr " in result.stderr and "<- the highest lower bound" in result.stderr
     for algo in ("bc", "dqn"):
         assert f"{DATASET}-ope-best" not in tracking(project).get_registered_model(f"CartPole-v1-{algo}").aliases
+
+
+def test_select_by_default_asks_fqe_and_the_model_together(project, estimated):
+    """Without --by, a run counts at the interval FQE and the model-based estimator agree on, from its lowest lower
+    bound to its highest upper bound: picked only where both put it above the behaviour policy."""
+    result = orl("select", "--dataset", DATASET, cwd=project)
+    agreed = {}
+    for algo, output in estimated.items():
+        fqe, model = (output["estimates"][name] for name in ("fqe", "model"))
+        agreed[algo] = (min(fqe["value"], model["value"]), min(fqe["ci_low"], model["ci_low"]),
+                        max(fqe["ci_high"], model["ci_high"]))
+        assert (f"] {algo}-{DATASET}: ope/fqe {fqe['value']:.1f} [{fqe['ci_low']:.1f}, {fqe['ci_high']:.1f}], "
+                f"ope/model {model['value']:.1f} [{model['ci_low']:.1f}, {model['ci_high']:.1f}] -> fqe+model "
+                "{:.1f} [{:.1f}, {:.1f}]".format(*agreed[algo])) in result.stderr
+    best = max(agreed, key=lambda algo: agreed[algo][1])
+    assert_user_error(result, f"no run on dataset '{DATASET}' stands above its behaviour policy: the highest lower "
+                      f"bound, {agreed[best][1]:.1f} (fqe+model of {best}-{DATASET})", "no alias set")
 
 
 def test_select_without_estimates_says_to_run_ope_first(project):
