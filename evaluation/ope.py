@@ -185,11 +185,12 @@ def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
     if estimators is None:
         estimators = [e for e in SELECT_BY if any(mlflow_metrics(e)[0] in r.data.metrics for r in runs)]
         estimators = estimators or list(SELECT_BY)
-    metrics = " and ".join(mlflow_metrics(e)[0] for e in estimators)
+    metrics = ("the metric " if len(estimators) == 1 else "the metrics ") + " and ".join(
+        mlflow_metrics(e)[0] for e in estimators)
     rule = rule_name(estimators)
     candidates = [r for r in runs if _agreed(r.data.metrics, estimators).finite and TEMPERATURE_TAG not in r.data.tags]
     if not candidates:
-        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has the metrics {metrics} of its "
+        raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has {metrics} of its "
                         f"own policy (tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first, "
                         "without --temperature")
     client = mlflow.MlflowClient()

@@ -123,7 +123,7 @@ def test_select_by_default_asks_fqe_and_the_model_together(project, estimated):
         assert (f"] {algo}-{DATASET}: ope/fqe {fqe['value']:.1f} [{fqe['ci_low']:.1f}, {fqe['ci_high']:.1f}], "
                 f"ope/model {model['value']:.1f} [{model['ci_low']:.1f}, {model['ci_high']:.1f}] -> fqe+model "
                 "{:.1f} [{:.1f}, {:.1f}]".format(*agreed[algo])) in result.stderr
-    best = max(agreed, key=lambda algo: agreed[algo][1])
+    best = max(agreed, key=lambda algo: (agreed[algo][1], agreed[algo][0]))  # the highest lower bound, then estimate
     assert_user_error(result, f"no run on dataset '{DATASET}' stands above its behaviour policy: the highest lower "
                       f"bound, {agreed[best][1]:.1f} (fqe+model of {best}-{DATASET})", "no alias set")
 
