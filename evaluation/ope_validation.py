@@ -55,7 +55,7 @@ def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval,
     behaviour policy."""
     rules = {estimator: [estimator] for estimator in dict.fromkeys(p["estimator"] for p in points)}
     if len(together) > 1 and set(together) <= rules.keys():
-        rules[rule_name(list(together))] = list(together)
+        rules[rule_name(together)] = list(together)
     summary = {}
     for rule, estimators in rules.items():
         per_dataset = {}

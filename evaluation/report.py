@@ -111,7 +111,7 @@ def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
         text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
                  "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "
                  "where that bound does not stand above the behaviour's interval, by each estimator and by "
-                 f"{rule_name(list(SELECT_BY))} together, `orl select`'s default (docs/ope.md); its regret against "
+                 f"{rule_name(SELECT_BY)} together, `orl select`'s default (docs/ope.md); its regret against "
                  "the best of the behaviour policy and the runs estimated, with a number or without.\n\n"
                  + ope_validation.selection_markdown(selection))
     return text

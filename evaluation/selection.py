@@ -5,6 +5,7 @@ policy and the policy estimated, which `orl ope` writes and the report reads."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # The behaviour policy's value (the mean logged return of the episodes estimated on): its key in ope.json and its
@@ -41,7 +42,7 @@ def agreed(intervals: list[Interval]) -> Interval:
     return Interval(min(i.value for i in intervals), min(i.low for i in intervals), max(i.high for i in intervals))
 
 
-def rule_name(estimators: list[str]) -> str:
+def rule_name(estimators: Iterable[str]) -> str:
     """The rule by these estimators together, as the report and selection.json name it: `fqe+model`."""
     return "+".join(estimators)
 
