@@ -186,13 +186,16 @@ def test_validation_metrics():
     assert summary["mae"] == pytest.approx((9 + 18 + 35 + 26) / 4)
 
 
+def point(dataset: str, run: str, estimate: float, low: float, high: float, truth: float,
+          estimator: str = FQE) -> dict:
+    """A run's estimate with its interval and true score, as the selection's validation takes them."""
+    return {"dataset": dataset, "estimator": estimator, "run": run, "estimate": estimate, "ci_low": low,
+            "ci_high": high, "truth": truth}
+
+
 def test_the_selection_rule_is_validated_by_what_it_keeps():
     """`orl select`'s rule keeps the run with the highest lower bound where it stands above the behaviour policy's
     interval, else the behaviour policy; its regret counts the behaviour policy among the choices."""
-    def point(dataset, run, estimate, low, high, truth):
-        return {"dataset": dataset, "estimator": "fqe", "run": run, "estimate": estimate, "ci_low": low,
-                "ci_high": high, "truth": truth}
-
     points = [point("a", "dqn", 60, 10, 110, 20), point("a", "iql", 40, 35, 45, 50),  # dqn: high, but unsure
               point("b", "bc", 95, 90, 99, 90),  # within the behaviour's interval
               point("c", "bc", 50, 40, 60, 10)]  # sure of itself, and wrong
@@ -217,14 +220,10 @@ def test_by_fqe_and_the_model_together_the_rule_keeps_only_what_both_put_above_t
     """As `orl select --by fqe model` picks: each run at its lowest lower bound among the estimators, and passed over
     where one of them gave no number. FQE alone keeps the runs it over-values; both together keep the run both put
     above the behaviour policy, or the behaviour policy where none stands above by both."""
-    def point(dataset, run, estimator, low, high, truth):
-        return {"dataset": dataset, "estimator": estimator, "run": run, "estimate": (low + high) / 2, "ci_low": low,
-                "ci_high": high, "truth": truth}
-
-    points = [point("a", "dqn", FQE, 75, 85, 15), point("a", "dqn", MODEL, 5, 15, 15),
-              point("a", "iql", FQE, 55, 65, 55), point("a", "iql", MODEL, 45, 55, 55),
-              point("a", "marwil", FQE, 88, 92, 5),  # the model-based estimate out of range
-              point("b", "bc", FQE, 65, 75, 20), point("b", "bc", MODEL, 15, 25, 20)]
+    points = [point("a", "dqn", 80, 75, 85, 15), point("a", "dqn", 10, 5, 15, 15, MODEL),
+              point("a", "iql", 60, 55, 65, 55), point("a", "iql", 50, 45, 55, 55, MODEL),
+              point("a", "marwil", 90, 88, 92, 5),  # the model-based estimate out of range
+              point("b", "bc", 70, 65, 75, 20), point("b", "bc", 20, 15, 25, 20, MODEL)]
     behaviours = {name: (Interval(30, 25, 35), 30.0) for name in "ab"}
     truths = {"a": {"dqn": 15, "iql": 55, "marwil": 5}, "b": {"bc": 20}}
 
