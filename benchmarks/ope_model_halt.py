@@ -3,13 +3,13 @@ on the candidates `ope_validation.py` keeps: their true scores against both esti
 dynamics fit, by the networks' updates.
 
 The dynamics are fitted once per dataset and `--updates` value, as `orl ope` fits them (params.yaml's `ope` settings,
-every logged episode). How well they fit: each output's squared error on the logged transitions as a share of its
-variance, and the share of its variance in the transitions that end an episode; the termination network's recall of
-the logged endings; and an open-loop replay of logged episodes (their own actions from their first state, in the
-first network) against the logged states, and whether the replay ends where a logged episode terminates. Then each
-candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one.
-Spearman, regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of
-rollouts that halted.
+every logged episode). How well they fit: each output's squared error on the logged transitions that go on as a share of
+its variance; the recall of the logged endings by the chance told from the state and the action and by the termination
+network's on the state reached; and an open-loop replay of logged episodes (their own actions from their first state, in
+the first network) against the logged states, and whether the replay ends where a logged episode terminates. Then each
+candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one. Spearman,
+regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of rollouts that
+halted.
 
     python -m benchmarks.ope_model_halt --params benchmarks/suite/params.yaml \\
         --datasets-dir benchmarks/suite/datasets --references benchmarks/suite/references \\
@@ -95,21 +95,19 @@ def main() -> None:
 def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed: int) -> None:
     """How well the fitted dynamics match the logged episodes (the module's docstring says how)."""
     a = episodes.arrays
-    targets = model.targets(a)
-    error = ((model.outputs(a[Col.OBS], a[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
+    targets = model.targets(a)[model.goes_on]
+    goes_on = {column: values[model.goes_on] for column, values in a.items()}
+    error = ((model.outputs(goes_on[Col.OBS], goes_on[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
     variance = targets.var(axis=0)
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none
-    ends = model.ends(a[Col.NEW_OBS]) > EVEN_ODDS
-    logged_ends = np.asarray(a[Col.TERMINATEDS], dtype=bool)
-    # A crash's impact, at an episode's last step, may hold most of a velocity's variance in few transitions
-    at_ends = np.divide(((targets[logged_ends] - targets.mean(axis=0)) ** 2).sum(axis=0), variance * len(targets),
-                        out=np.zeros_like(error), where=variance > 0)
-    print(f"[{label}] unexplained variance of each state change, then the reward: "
+    logged_ends = ~model.goes_on
+    told = {"the state and the action": model.ending(a[Col.OBS], a[Col.ACTIONS])[0] > EVEN_ODDS,
+            "the state reached": model.ends(a[Col.NEW_OBS]) > EVEN_ODDS}
+    print(f"[{label}] unexplained variance of each state change, then the reward, where the episode goes on: "
           + ", ".join(f"{share:.2f}" for share in unexplained)
-          + f"; the {int(logged_ends.sum())} of {len(targets)} transitions that end an episode hold "
-          + ", ".join(f"{share:.2f}" for share in at_ends) + " of each one's variance"
-          + f"; the termination network recalls {ends[logged_ends].mean():.0%} of the logged endings, false "
-          f"alarms on {ends[~logged_ends].mean():.2%} of the other transitions", flush=True)
+          + f"; of the {int(logged_ends.sum())} logged endings in {len(logged_ends)} transitions, recalled from "
+          + ", ".join(f"{source} {ends[logged_ends].mean():.0%} (false alarms {ends[~logged_ends].mean():.2%})"
+                      for source, ends in told.items()), flush=True)
     distances, ended = open_loop_replay(model, episodes.select(np.arange(min(replayed, len(episodes)))))
     print(f"[{label}] open loop, {min(replayed, len(episodes))} logged episodes: median distance to the logged "
           "state (in the logged states' standard deviations) at step "
@@ -132,7 +130,7 @@ def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[
         alive = np.flatnonzero(episodes.lengths > step)
         rows = episodes.starts[alive] + step
         outputs = model.outputs(obs[alive], a[Col.ACTIONS][rows])
-        next_obs, _, ends = model.step(outputs[0], obs[alive])
+        next_obs, _, ends = model.step(outputs[0], obs[alive], model.ending(obs[alive], a[Col.ACTIONS][rows]))
         ended[alive[ends > EVEN_ODDS]] = True
         obs[alive] = next_obs
         if step + 1 in REPLAY_STEPS:

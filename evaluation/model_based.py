@@ -1,25 +1,30 @@
 """The model-based estimator (`model`): dynamics learned from the logged transitions, the policy rolled out in them.
 
-An ensemble of networks each predicts, from a state and an action, the change to the state and the reward; each is
-fitted on its own resample of the transitions (Fu et al. 2021, "Benchmarks for Deep Off-Policy Evaluation", found such
-models among the strongest estimators). One more network tells from a state the chance that it ends the episode: an
-ending is a function of the state reached in most tasks (a pole past its angle, a tip above the line, a hopper fallen),
-which a network learns more surely than the same ending as a function of the state before and the action (measured in
-benchmarks/README.md). The policy acts in every network from the first state of each episode estimated on, up to the
-horizon, and its return is the mean over episodes and networks. Each step's reward counts at the rollout's chance of not
-having ended before it, the product of one minus the termination network's probability at each state reached: an ending
-the data shows as likely but not certain (a lander touching down fast) then ends a share of the rollouts, where a cut at
-even odds would let them all fly on, earning rewards to the time limit (measured on LunarLander, benchmarks/README.md).
+An ensemble of networks each predicts, from a state and an action, the change to the state and the reward of a step
+that does not end the episode; each is fitted on its own resample of those transitions (Fu et al. 2021, "Benchmarks for
+Deep Off-Policy Evaluation", found such models among the strongest estimators). How episodes end has networks of its
+own, since a step that ends one may jump where no other step goes (a lander's crash: a velocity's change and a -100
+that the state before hardly tells, which a mean over all steps would smear over every step near the ground, measured
+in benchmarks/README.md):
+- from the state and the action, the chance that the step ends the episode, and the reward it earns if it does;
+- from the state reached, the chance that it is an ending: a function of that state in most tasks (a pole past its
+  angle, a tip above the line, a hopper fallen), which a network learns more surely than composed with the dynamics.
+Both tell the same ending, so a step ends at the larger of the two chances; its reward is the mean of the ending's
+reward and the going-on one, weighed by the chance told from the state and the action. The policy acts in every network
+from the first state of each episode estimated on, up to the horizon, and its return is the mean over episodes and
+networks. Each step's reward counts at the rollout's chance of not having ended before it: an ending the data shows as
+likely but not certain (a lander touching down fast) then ends a share of the rollouts, where a cut at even odds would
+let them all fly on, earning rewards to the time limit (measured on LunarLander, benchmarks/README.md).
 Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a policy better than every logged
 episode; it is held only within the logged states and rewards, step by step.
 
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
-more than they do on all but `model_halt_quantile`'s share of the logged transitions, and counts for the rest the
-lowest return-to-go logged at the same step of an episode, a pessimistic end as in MOReL's pessimistic MDP (Kidambi
-et al. 2020). A model that only extrapolates there gives such a policy whatever value its guesses add up to (on
-random CartPole data, far above the truth for the policies that balance longer than any logged episode); the halt
-gives it the worst the data shows at that step, and the share of rollouts that halted says how far the policy left
-the data. Networks that agree where they are wrong do not halt.
+more than they do on all but `model_halt_quantile`'s share of the logged transitions that go on, and counts for the rest
+of the share that goes on the lowest return-to-go logged at the same step of an episode, a pessimistic end as in MOReL's
+pessimistic MDP (Kidambi et al. 2020). A model that only extrapolates there gives such a policy whatever value its
+guesses add up to (on random CartPole data, far above the truth for the policies that balance longer than any logged
+episode); the halt gives it the worst the data shows at that step, and the share of rollouts that halted says how far
+the policy left the data. Networks that agree where they are wrong do not halt.
 
 Vector observations only: a model of images or of Discrete states would need another kind of network.
 """
@@ -43,14 +48,24 @@ NEGLIGIBLE_CHANCE = 1e-3
 
 class DynamicsEnsemble:
     """Networks over (state, action) features, normalized as fitted, that predict the state's change and the reward
-    (normalized), and a network over next states, normalized, that predicts the logit of termination."""
+    (normalized) of a step that goes on; over the same features, a network of the logit that the step ends the
+    episode and one of the reward (normalized) if it does; and a network over next states, normalized, that
+    predicts the logit of termination."""
 
     def __init__(self, episodes: Episodes, num_actions: int | None, gamma: float):
         a = episodes.arrays
         self.num_actions = num_actions
         self.networks: list[torch.nn.Module] = []  # fitted in fit_dynamics, as is termination
         self.termination: torch.nn.Module | None = None
-        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)
+        # From (state, action): the logit of ending, and the reward if it ends; None where no logged step ends one
+        self.ending_chance: torch.nn.Module | None = None
+        self.ending_reward: torch.nn.Module | None = None
+        self.goes_on = ~np.asarray(a[Col.TERMINATEDS], dtype=bool)
+        features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)[self.goes_on]
+        ending_rewards = np.asarray(a[Col.REWARDS], dtype=np.float32)[~self.goes_on, None]
+        self.ending_reward_mean, self.ending_reward_std = (
+            (ending_rewards.mean(axis=0), _std(ending_rewards)) if len(ending_rewards)
+            else (np.zeros(1, np.float32), np.ones(1, np.float32)))  # no ending to model: data cut by time limits
         self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
         self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
         next_obs = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
@@ -88,20 +103,35 @@ class DynamicsEnsemble:
             return np.stack([network(inputs).numpy() for network in self.networks])
 
     def targets(self, arrays: dict) -> np.ndarray:
-        """The logged transitions' state changes and rewards, normalized as the networks predict them."""
+        """The logged transitions' state changes and rewards, normalized as the networks predict them (those of steps
+        that go on)."""
         return (_targets(arrays) - self.target_mean) / self.target_std
 
     def next_obs_inputs(self, next_obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor((np.asarray(next_obs, dtype=np.float32) - self.next_obs_mean) / self.next_obs_std)
 
-    def step(self, out: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(next states, rewards, probabilities that the step ends the episode) from one network's `outputs`, held
-        within the logged states and rewards; the ending is told from the next state as predicted, before it is
-        held: a pole past its angle lies beyond every logged state."""
+    def ending(self, obs: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the chance that the step ends the episode, told from the state and the action, and the reward it
+        earns if it does."""
+        if self.ending_chance is None:
+            return np.zeros(len(obs)), np.zeros(len(obs))
+        inputs = self.inputs(obs, actions)
+        with torch.no_grad():
+            chance = torch.sigmoid(self.ending_chance(inputs)[:, 0]).numpy()
+            rewards = self.ending_reward(inputs)[:, 0].numpy() * self.ending_reward_std + self.ending_reward_mean
+        return chance, np.clip(rewards, self.reward_low, self.reward_high)
+
+    def step(self, out: np.ndarray, obs: np.ndarray,
+             ending: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(next states, rewards, probabilities that the step ends the episode) from one network's `outputs` and the
+        states' `ending`, held within the logged states and rewards. The ending's chance is the larger of the
+        `ending` and the termination network's on the next state as predicted, before it is held: a pole past its
+        angle lies beyond every logged state."""
         predicted = out * self.target_std + self.target_mean
         next_obs = obs + predicted[:, :-1]
-        ends = self.ends(next_obs)
-        rewards = np.clip(predicted[:, -1], self.reward_low, self.reward_high)
+        chance, ending_rewards = ending
+        rewards = (1 - chance) * np.clip(predicted[:, -1], self.reward_low, self.reward_high) + chance * ending_rewards
+        ends = np.maximum(chance, self.ends(next_obs))
         return np.clip(next_obs, self.obs_low, self.obs_high), rewards, ends
 
     def ends(self, next_obs: np.ndarray) -> np.ndarray:
@@ -123,16 +153,18 @@ class DynamicsEnsemble:
 def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with
-    replacement) of the episodes' transitions, by squared error on the normalized state change and reward; then the
-    termination network, by cross-entropy on every logged next state. `num_actions` is the size of a Discrete action
-    space (None for Box)."""
+    replacement) of the transitions that do not end an episode, by squared error on the normalized state change and
+    reward; then the termination network, by cross-entropy on every logged next state; and where logged steps end
+    episodes, the ending's chance by cross-entropy on every step, and its reward by squared error on those steps.
+    `num_actions` is the size of a Discrete action space (None for Box)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     resamples = np.random.default_rng(config.seed)
     model = DynamicsEnsemble(episodes, num_actions, config.gamma)
-    inputs = model.inputs(a[Col.OBS], a[Col.ACTIONS])
-    targets = torch.as_tensor(model.targets(a))
+    every_input = model.inputs(a[Col.OBS], a[Col.ACTIONS])
+    inputs = every_input[torch.as_tensor(model.goes_on)]
+    targets = torch.as_tensor(model.targets(a)[model.goes_on])
     rows = len(targets)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
@@ -142,14 +174,26 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                     lambda r=resample: r[torch.randint(rows, (config.batch_size,), generator=generator)], config)
         model.networks.append(network.eval())
         progress(member, networks, loss)
+    terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]
+    every_row = _draws(len(terminated), config, generator)
     termination = mlp(len(model.next_obs_mean), config.model_hidden_layers, 1)
-    loss = _fit(termination, model.next_obs_inputs(a[Col.NEW_OBS]),
-                torch.as_tensor(a[Col.TERMINATEDS], dtype=torch.float32)[:, None],
-                torch.nn.functional.binary_cross_entropy_with_logits,
-                lambda: torch.randint(rows, (config.batch_size,), generator=generator), config)
+    loss = _fit(termination, model.next_obs_inputs(a[Col.NEW_OBS]), terminated,
+                torch.nn.functional.binary_cross_entropy_with_logits, every_row, config)
     model.termination = termination.eval()
+    if not model.goes_on.all():
+        model.ending_chance = mlp(every_input.shape[1], config.model_hidden_layers, 1)
+        _fit(model.ending_chance, every_input, terminated, torch.nn.functional.binary_cross_entropy_with_logits,
+             every_row, config)
+        rewards = np.asarray(a[Col.REWARDS], dtype=np.float32)[~model.goes_on, None]
+        model.ending_reward = mlp(every_input.shape[1], config.model_hidden_layers, 1)
+        _fit(model.ending_reward, every_input[torch.as_tensor(~model.goes_on)],
+             torch.as_tensor((rewards - model.ending_reward_mean) / model.ending_reward_std),
+             torch.nn.functional.mse_loss,
+             _draws(len(rewards), config, generator), config)
+        model.ending_chance.eval()
+        model.ending_reward.eval()
     progress(networks, networks, loss)
-    logged = resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)
+    logged = np.flatnonzero(model.goes_on)[resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)]
     disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
     model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
     return model
@@ -159,8 +203,9 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
                     horizon: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
     from each start, each reward weighted by the chance the rollout has not ended, for `horizon` steps or until that
-    chance is negligible, or a halt where the networks disagree (the lowest return-to-go logged at that step then
-    counts for the rest, at the same chance); and (starts, networks) the chance that each halted."""
+    chance is negligible, or a halt where the networks disagree (the step's chance of ending then counts its ending
+    reward, and the lowest return-to-go logged at that step counts for the share that would go on); and (starts,
+    networks) the chance that each halted."""
     returns = np.zeros((len(starts), len(model)))
     halted = np.zeros((len(starts), len(model)))
     for network in range(len(model)):
@@ -170,13 +215,19 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
             rows = np.flatnonzero(going_on >= NEGLIGIBLE_CHANCE)
             if not len(rows):
                 break
-            outputs = model.outputs(obs[rows], act(obs[rows]))
+            actions = act(obs[rows])
+            chance, ending_rewards = model.ending(obs[rows], actions)
+            outputs = model.outputs(obs[rows], actions)
+            # Where the networks part, the step's share that ends does; the share that would go on halts
             unknown = model.disagreement(outputs) > model.disagreement_limit
-            halted[rows[unknown], network] = going_on[rows[unknown]]
-            returns[rows[unknown], network] += gamma**step * going_on[rows[unknown]] * model.halt_value(step)
+            ending, halting = going_on[rows[unknown]] * chance[unknown], going_on[rows[unknown]] * (1 - chance[unknown])
+            halted[rows[unknown], network] = halting
+            returns[rows[unknown], network] += gamma**step * (ending * ending_rewards[unknown]
+                                                               + halting * model.halt_value(step))
             going_on[rows[unknown]] = 0
-            rows = rows[~unknown]
-            next_obs, rewards, ends = model.step(outputs[network][~unknown], obs[rows])
+            rows, known = rows[~unknown], ~unknown
+            next_obs, rewards, ends = model.step(outputs[network][known], obs[rows],
+                                                 (chance[known], ending_rewards[known]))
             returns[rows, network] += gamma**step * going_on[rows] * rewards
             obs[rows] = next_obs
             going_on[rows] *= 1 - ends
@@ -196,6 +247,11 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss.backward()
         optimizer.step()
     return loss.item()
+
+
+def _draws(rows: int, config: OPEConfig, generator: torch.Generator) -> Callable[[], torch.Tensor]:
+    """Minibatches of `config.batch_size` row numbers below `rows`, drawn uniformly."""
+    return lambda: torch.randint(rows, (config.batch_size,), generator=generator)
 
 
 def _targets(arrays: dict) -> np.ndarray:
