@@ -96,8 +96,8 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
     """How well the fitted dynamics match the logged episodes (the module's docstring says how)."""
     a = episodes.arrays
     targets = model.targets(a)[model.goes_on]
-    goes_on = {column: values[model.goes_on] for column, values in a.items()}
-    error = ((model.outputs(goes_on[Col.OBS], goes_on[Col.ACTIONS]) - targets) ** 2).mean(axis=(0, 1))
+    outputs = model.outputs(a[Col.OBS][model.goes_on], a[Col.ACTIONS][model.goes_on])
+    error = ((outputs - targets) ** 2).mean(axis=(0, 1))
     variance = targets.var(axis=0)
     unexplained = np.divide(error, variance, out=np.zeros_like(error), where=variance > 0)  # a constant has none
     logged_ends = ~model.goes_on
