@@ -171,7 +171,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
         network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1])
         resample = torch.as_tensor(resamples.integers(rows, size=rows))
         loss = _fit(network, inputs, targets, torch.nn.functional.mse_loss,
-                    lambda r=resample: r[torch.randint(rows, (config.batch_size,), generator=generator)], config)
+                    lambda r=resample, draw=_draws(rows, config, generator): r[draw()], config)
         model.networks.append(network.eval())
         progress(member, networks, loss)
     terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]

@@ -188,7 +188,8 @@ def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
     metrics = ("the metric " if len(estimators) == 1 else "the metrics ") + " and ".join(
         mlflow_metrics(e)[0] for e in estimators)
     rule = rule_name(estimators)
-    candidates = [r for r in runs if _agreed(r.data.metrics, estimators).finite and TEMPERATURE_TAG not in r.data.tags]
+    agreed_by_run = {r.info.run_id: _agreed(r.data.metrics, estimators) for r in runs}
+    candidates = [r for r in runs if agreed_by_run[r.info.run_id].finite and TEMPERATURE_TAG not in r.data.tags]
     if not candidates:
         raise UserError(f"no finished MLflow run trained on dataset '{dataset_name}' has {metrics} of its "
                         f"own policy (tracking store {tracking.tracking_uri()}); run `orl ope` (or dvc repro) first, "
@@ -198,7 +199,7 @@ def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
     runs_by_id = {r.info.run_id: r for r in candidates if versions[r.info.run_id]}
     if not runs_by_id:
         raise UserError(f"no run with {metrics} on dataset '{dataset_name}' has a registered model version")
-    estimates = {run_id: _agreed(r.data.metrics, estimators) for run_id, r in runs_by_id.items()}
+    estimates = {run_id: agreed_by_run[run_id] for run_id in runs_by_id}
     ranked = [runs_by_id[run_id] for run_id in rank_by_lower_bound(estimates)]
     best = ranked[0]
     for r in ranked:
