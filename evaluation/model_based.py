@@ -26,7 +26,8 @@ guesses add up to (on random CartPole data, far above the truth for the policies
 episode); the halt gives it the worst the data shows at that step, and the share of rollouts that halted says how far
 the policy left the data. Networks that agree where they are wrong do not halt.
 
-Vector observations only: a model of images or of Discrete states would need another kind of network.
+Vector observations only: a model of images or of Discrete states would need another kind of network. And data
+where some steps go on: of one-step episodes (a contextual bandit's), there are no dynamics to learn.
 """
 
 from __future__ import annotations

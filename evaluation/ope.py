@@ -147,8 +147,11 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                                            f"({config.min_effective_episodes:g}); no estimate",
                               "status": UNRELIABLE, "effective_episodes": effective}
     if MODEL in estimators:
-        results[MODEL] = _model_based(policy, fit, held_out, action_space.n if discrete else None, horizon, config,
-                                      reference, label)
+        results[MODEL] = (
+            _model_based(policy, fit, held_out, action_space.n if discrete else None, horizon, config, reference, label)
+            if not fit.arrays[Col.TERMINATEDS].all() else
+            {"undefined": f"every step of {card.name} fitted on ends its episode (one-step episodes), leaving the "
+                          "model-based estimator no step that goes on to learn the dynamics from; use fqe"})
     if q is not None and not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
         reason = (f"FQE did not converge: its final TD loss {q.fit.td_loss:.4g} is above the variance of the logged "
                   f"returns-to-go ({q.fit.td_loss_limit:.4g}); no estimate")

@@ -9,6 +9,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -18,7 +19,9 @@ import dataset_format as dataset
 from common.errors import UserError
 from common.run_dir import RunDir
 from common.trained_policy import ModulePolicy, load_rl_module
+from dataset_format import Col
 from evaluation.config import EvaluateConfig, OPEConfig
+from evaluation.estimators import Episodes
 from evaluation.ope import UNRELIABLE, estimate_policy, logged_episodes, ope
 from evaluation.references import reference_path
 from interop.config import ColumnMapping, ImportConfig
@@ -217,15 +220,37 @@ def test_a_softmax_version_of_the_policy_is_estimated_where_asked_and_orl_select
     assert json.loads((project / "runs" / "dqn" / "ope.json").read_text())["policy"] == "greedy"
 
 
-def test_the_model_based_estimator_alone_fits_no_fqe(project, capsys):
+def bc_policy_and_data(project: Path) -> tuple[ModulePolicy, dataset.DatasetCard, Episodes]:
     location = dataset.locate(str(project / "datasets" / DATASET))
     card = dataset.read_card(location)
     policy = ModulePolicy(load_rl_module(RunDir(project / "runs" / "bc").checkpoint), card.spaces[1], greedy=True)
-    episodes = logged_episodes(location, card)
+    return policy, card, logged_episodes(location, card)
+
+
+def test_the_model_based_estimator_alone_fits_no_fqe(project, capsys):
+    policy, card, episodes = bc_policy_and_data(project)
     output = estimate_policy(policy, card, episodes, episodes, None, OPEConfig(**TINY_OPE), ["model"], label="model")
     assert set(output["estimates"]) == {"model"} and "value" in output["estimates"]["model"]
     assert "fqe_fit" not in output and "returns_allowed" not in output
     assert "fqe iteration" not in capsys.readouterr().err
+
+
+def test_one_step_episodes_leave_the_model_based_estimator_undefined_and_fqe_a_number(project):
+    """Every step ends its episode, as in a contextual bandit's data: there are no dynamics to learn. Here a state
+    with the pole leaning right pays 1 whatever the action; FQE still gives a value within the logged returns."""
+    policy, card, episodes = bc_policy_and_data(project)
+    a = episodes.arrays
+    rows = len(a[Col.EPS_ID])
+    one_step = Episodes.of(a | {Col.EPS_ID: np.arange(rows), Col.T: np.zeros(rows, dtype=np.int64),
+                                Col.REWARDS: (a[Col.OBS][:, 2] > 0).astype(np.float32),
+                                Col.TERMINATEDS: np.ones(rows, dtype=bool), Col.TRUNCATEDS: np.zeros(rows, dtype=bool)})
+    fitted = OPEConfig(**TINY_OPE | {"updates_per_iteration": 200})  # TINY_OPE's 50 updates fit no Q
+    estimates = estimate_policy(policy, card, one_step, one_step, None, fitted, ["fqe", "model"],
+                                label="bandit")["estimates"]
+    assert estimates["model"] == {"undefined": f"every step of {DATASET} fitted on ends its episode (one-step "
+                                  "episodes), leaving the model-based estimator no step that goes on to learn the "
+                                  "dynamics from; use fqe"}
+    assert 0 <= estimates["fqe"]["value"] <= 1
 
 
 def test_a_fit_that_does_not_converge_gives_no_number_and_voids_the_runs_earlier_estimate(project, estimated,
