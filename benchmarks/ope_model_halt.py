@@ -9,7 +9,9 @@ network's on the state reached; and an open-loop replay of logged episodes (thei
 the first network) against the logged states, and whether the replay ends where a logged episode terminates. Then each
 candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one. Spearman,
 regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of rollouts that
-halted.
+halted. And for each candidate, the networks on its own episodes in the env (`--real-episodes`, states as the env
+gives them, not as the model predicts): the reward of the steps that go on summed per episode, as logged and as each
+network predicts it; the recall of the episodes' endings; the networks' disagreement against the halt's limit.
 
     python -m benchmarks.ope_model_halt --params benchmarks/suite/params.yaml \\
         --datasets-dir benchmarks/suite/datasets --references benchmarks/suite/references \\
@@ -27,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 import dataset_format as dataset
+from common.envs import make_env
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation import ope_validation
@@ -54,6 +57,8 @@ def main() -> None:
                         help="the dynamics networks' updates to fit with, one fit each (default: params.yaml's "
                              "ope.model_updates)")
     parser.add_argument("--replayed", type=int, default=100, help="logged episodes replayed open loop")
+    parser.add_argument("--real-episodes", type=int, default=10,
+                        help="each candidate's episodes in the env the networks are checked on (0: none)")
     args = parser.parse_args()
 
     params = load_params(args.params)
@@ -89,6 +94,10 @@ def main() -> None:
                                    "estimate": estimate, "ci_low": estimate, "ci_high": estimate, "truth": truth})
                     line.append(f"{halt} {estimate:.1f} ({halted.mean():.0%} halted)")
                 print(f"[{label}] {kept.name}: true {truth:.1f}; " + ", ".join(line), flush=True)
+                model.disagreement_limit = limits["halt"]
+                if args.real_episodes:
+                    print_on_real_episodes(f"{label}, {kept.name}", model, actor(policy, discrete, params.ope.seed),
+                                           card, params.evaluate.seed, args.real_episodes)
     print(ope_validation.markdown(ope_validation.validate(points)))
 
 
@@ -113,6 +122,38 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
           "state (in the logged states' standard deviations) at step "
           + ", ".join(f"{step} {distance:.2f}" for step, distance in distances.items())
           + f"; of the {len(ended)} that terminate, {int(ended.sum())} end in the model by their logged length",
+          flush=True)
+
+
+def print_on_real_episodes(label: str, model: DynamicsEnsemble, act, card: dataset.DatasetCard, seed: int,
+                           count: int) -> None:
+    """The networks read at the states of the policy's own episodes in the env: where the model's value of a policy
+    parts from its truth even with the states right."""
+    env = make_env(card.env)
+    steps = []  # (obs, action, reward, next obs, terminated) per step
+    for episode in range(count):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            action = act(np.asarray(obs, dtype=np.float32)[None])[0]
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            steps.append((obs, action, reward, next_obs, terminated))
+            obs, done = next_obs, terminated or truncated
+    env.close()
+    obs, actions, rewards, next_obs, ends = (np.array(column) for column in zip(*steps))
+    obs, goes_on = obs.astype(np.float32), ~ends
+    outputs = model.outputs(obs[goes_on], actions[goes_on])
+    predicted = np.clip(outputs[..., -1] * model.target_std[-1] + model.target_mean[-1], model.reward_low,
+                        model.reward_high)  # (networks, steps that go on)
+    recalled = {"the chance from the state and the action": model.ending(obs[ends], actions[ends])[0] > EVEN_ODDS,
+                "the termination network": model.ends(next_obs[ends]) > EVEN_ODDS}
+    print(f"[{label}] {count} real episodes, {len(obs)} steps: the reward of the steps that go on summed per episode, "
+          f"in the env {rewards[goes_on].sum() / count:.1f}, by each network "
+          + ", ".join(f"{network.sum() / count:.1f}" for network in predicted)
+          + f"; {int(ends.sum())} endings, recalled by "
+          + ", ".join(f"{source} {told.mean() if ends.any() else 0:.0%}" for source, told in recalled.items())
+          + "; the networks' disagreement, median "
+          + f"{np.median(model.disagreement(outputs)):.2f} (the halt's limit {model.disagreement_limit:.2f})",
           flush=True)
 
 
