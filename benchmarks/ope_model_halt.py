@@ -10,8 +10,9 @@ the first network) against the logged states, and whether the replay ends where 
 candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one. Spearman,
 regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of rollouts that
 halted. And for each candidate, the networks on its own episodes in the env (`--real-episodes`, states as the env
-gives them, not as the model predicts): the reward of the steps that go on summed per episode, as logged and as each
-network predicts it; the recall of the episodes' endings; the networks' disagreement against the halt's limit.
+gives them, not as the model predicts): the reward of the steps that go on summed per episode, as the env gives it
+and as each network predicts it; the recall of the episodes' endings; the networks' disagreement against the halt's
+limit.
 
     python -m benchmarks.ope_model_halt --params benchmarks/suite/params.yaml \\
         --datasets-dir benchmarks/suite/datasets --references benchmarks/suite/references \\
