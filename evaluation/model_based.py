@@ -58,15 +58,13 @@ class DynamicsEnsemble:
         self.num_actions = num_actions
         self.networks: list[torch.nn.Module] = []  # fitted in fit_dynamics, as is termination
         self.termination: torch.nn.Module | None = None
-        # From (state, action): the logit of ending, and the reward if it ends; None where no logged step ends one
+        # From (state, action): the logit of ending, and the reward if it ends (normalized by the mean and the
+        # standard deviation of the logged endings' rewards); None where no logged step ends an episode
         self.ending_chance: torch.nn.Module | None = None
         self.ending_reward: torch.nn.Module | None = None
+        self.ending_reward_mean = self.ending_reward_std = None
         self.goes_on = ~np.asarray(a[Col.TERMINATEDS], dtype=bool)
         features, targets = self.features(a[Col.OBS], a[Col.ACTIONS]), _targets(a)[self.goes_on]
-        ending_rewards = np.asarray(a[Col.REWARDS], dtype=np.float32)[~self.goes_on, None]
-        self.ending_reward_mean, self.ending_reward_std = (
-            (ending_rewards.mean(axis=0), _std(ending_rewards)) if len(ending_rewards)
-            else (np.zeros(1, np.float32), np.ones(1, np.float32)))  # no ending to model: data cut by time limits
         self.feature_mean, self.feature_std = features.mean(axis=0), _std(features)
         self.target_mean, self.target_std = targets.mean(axis=0), _std(targets)
         next_obs = np.asarray(a[Col.NEW_OBS], dtype=np.float32)
@@ -186,6 +184,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
         _fit(model.ending_chance, every_input, terminated, torch.nn.functional.binary_cross_entropy_with_logits,
              every_row, config)
         rewards = np.asarray(a[Col.REWARDS], dtype=np.float32)[~model.goes_on, None]
+        model.ending_reward_mean, model.ending_reward_std = rewards.mean(axis=0), _std(rewards)
         model.ending_reward = mlp(every_input.shape[1], config.model_hidden_layers, 1)
         _fit(model.ending_reward, every_input[torch.as_tensor(~model.goes_on)],
              torch.as_tensor((rewards - model.ending_reward_mean) / model.ending_reward_std),
