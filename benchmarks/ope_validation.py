@@ -5,9 +5,11 @@ seed, stopped after a share of params.yaml's iterations and after all of them. E
 environment on the pipeline's evaluation seeds (its true normalized score) and estimated from the dataset alone by
 every estimator that applies, with params.yaml's `ope` settings, as `orl ope` does. Then, per estimator: Spearman
 rank correlation per dataset and pooled, regret@1 and mean absolute error; and what `orl select`'s rule keeps on
-each dataset, against the behaviour policy (evaluation/ope_validation.py).
+each dataset, against the behaviour policy (evaluation/ope_validation.py). The rule's own reading of the estimates
+(`fqe+model`: the lower of the two) is validated as an estimator beside them.
 
     python -m benchmarks.ope_validation --datasets cartpole-random cartpole-expert cartpole-learned
+    python -m benchmarks.ope_validation --from-results OUT_A OUT_B --out OUT  # earlier runs, validated together
 
 Reads the quick tour's params.yaml, datasets/ and references/ by default (`make pipeline` makes them); writes
 OUT/ope_validation.{md,json,png}. Each candidate's checkpoint and true score are kept under --candidates and reused
@@ -53,7 +55,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
-    parser.add_argument("--datasets", nargs="+", required=True, help="dataset names under --datasets-dir")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--datasets", nargs="+", help="dataset names under --datasets-dir")
+    source.add_argument("--from-results", type=Path, nargs="+", metavar="DIR",
+                        help="validate again, together, the candidates earlier runs wrote to DIR/ope_validation.json "
+                             "(their truths, estimates and intervals; nothing is trained or estimated): to pool "
+                             "runs on other datasets, or after a change to the validation itself")
     parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
     parser.add_argument("--references", type=Path, default=ROOT / "references")
     parser.add_argument("--algos", nargs="+", help="learners to train candidates with (default: every one that fits)")
@@ -73,10 +80,16 @@ def main() -> None:
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates",
                         help="where each candidate's checkpoint and true score are kept for the next run")
     args = parser.parse_args()
+    candidates, behaviours = saved_results(args.from_results) if args.from_results else estimated_candidates(args)
+    write_results(candidates, behaviours, args.out)
 
+
+def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str, Interval]]:
+    """Every candidate of `args.datasets`, trained (or read back from `args.candidates`), scored in its env and
+    estimated: its truth, each estimate and interval; and each dataset's behaviour policy estimate."""
     params = load_params(args.params)
     start_ray(params.ray.num_cpus)
-    points, candidates, behaviours, truths = [], [], {}, {}
+    candidates, behaviours = [], {}
     for name in args.datasets:
         location = dataset.locate(args.datasets_dir / name)
         card = dataset.read_card(location)
@@ -101,7 +114,7 @@ def main() -> None:
                 for budget in args.budgets:
                     base = params.algos.get(algo).for_dataset(name)
                     algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
-                    label = f"{algo}-{name} seed {seed} x{budget:g}"
+                    label = candidate_label(algo, name, seed, budget)
                     started = time.monotonic()
                     kept = cache / f"{algo}-seed{seed}-x{budget:g}"
                     acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=args.temperature is None,
@@ -113,28 +126,61 @@ def main() -> None:
                     estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
                                                 label=label)
                     b = estimates[BEHAVIOUR]  # the same for every candidate of the dataset
-                    behaviours[name] = (Interval(b["value"], b["ci_low"], b["ci_high"]), b["value"])
-                    truths.setdefault(name, {})[label] = truth
+                    behaviours[name] = Interval(b["value"], b["ci_low"], b["ci_high"])
                     found = {k: e for k, e in estimates["estimates"].items() if "value" in e}
                     candidates.append({"dataset": name, "algo": algo, "seed": seed, "budget": budget,
                                        "truth": truth, **{k: e["value"] for k, e in found.items()},
                                        "intervals": {k: [e["ci_low"], e["ci_high"]] for k, e in found.items()}})
-                    points += [{"dataset": name, "run": label, "estimator": k, "estimate": e["value"],
-                                "ci_low": e["ci_low"], "ci_high": e["ci_high"], "truth": truth}
-                               for k, e in found.items()]
                     print(f"[ope validation] {label}: true {truth:.1f}, "
                           + ", ".join(f"{k} {e['value']:.1f}" for k, e in found.items())
                           + f" ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+    return candidates, behaviours
 
+
+def candidate_label(algo: str, dataset_name: str, seed: int, budget: float) -> str:
+    return f"{algo}-{dataset_name} seed {seed} x{budget:g}"
+
+
+def saved_results(dirs: list[Path]) -> tuple[list[dict], dict[str, Interval]]:
+    """The candidates and behaviour estimates that earlier runs wrote to each DIR/ope_validation.json."""
+    candidates, behaviours = [], {}
+    for directory in dirs:
+        path = directory / "ope_validation.json"
+        try:
+            saved = json.loads(path.read_text())
+            twice = sorted(set(saved["behaviours"]) & behaviours.keys())
+            candidates += saved["candidates"]
+            behaviours |= {name: Interval(**b) for name, b in saved["behaviours"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path}: not the results of an OPE validation run ({e}); give the --out folder of "
+                            "one") from e
+        if twice:
+            raise UserError(f"{path}: {', '.join(twice)} also in another --from-results folder; give each dataset's "
+                            "candidates once")
+    return candidates, behaviours
+
+
+def write_results(candidates: list[dict], behaviours: dict[str, Interval], out: Path) -> None:
+    """OUT/ope_validation.{md,json,png}: each estimator's and `orl select`'s rule's validation over the candidates
+    (and the candidates themselves, for `--from-results`)."""
+    points, truths = [], {}
+    for c in candidates:
+        run = candidate_label(c["algo"], c["dataset"], c["seed"], c["budget"])
+        truths.setdefault(c["dataset"], {})[run] = c["truth"]  # also where no estimator gave a number
+        points += [{"dataset": c["dataset"], "run": run, "estimator": k, "estimate": c[k], "ci_low": low,
+                    "ci_high": high, "truth": c["truth"]} for k, (low, high) in c["intervals"].items()]
+    points = ope_validation.with_rule_points(points)  # `orl select`'s default rule, validated as an estimator
     summary = ope_validation.validate(points)
-    selection = ope_validation.validate_selection(points, behaviours, truths)
+    # The behaviour policy's true score is its logged mean return, which its estimate is.
+    selection = ope_validation.validate_selection(points, {name: (b, b.value) for name, b in behaviours.items()},
+                                                  truths)
     table = ope_validation.markdown(summary) + "\n" + ope_validation.selection_markdown(selection)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ope_validation.md").write_text(table)
-    (args.out / "ope_validation.json").write_text(json.dumps({
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ope_validation.md").write_text(table)
+    (out / "ope_validation.json").write_text(json.dumps({
         "summary": summary, "selection": selection, "candidates": candidates,
-        "behaviours": {name: dataclasses.asdict(interval) for name, (interval, _) in behaviours.items()}}, indent=2))
-    plots.estimates_against_truth(points, args.out / "ope_validation.png")
+        "behaviours": {name: dataclasses.asdict(interval) for name, interval in behaviours.items()}}, indent=2))
+    plots.estimates_against_truth(points, out / "ope_validation.png")
     print(table)
 
 

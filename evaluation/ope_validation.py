@@ -43,29 +43,44 @@ def _regret(chosen: float, truths: list[float]) -> float | None:
     return (best - chosen) / (best - worst) if best > worst else None
 
 
+def with_rule_points(points: list[dict], together: tuple[str, ...] = SELECT_BY) -> list[dict]:
+    """`points` (keys dataset, run, estimator, estimate, ci_low, ci_high, truth) and, where they hold estimates by
+    every one of the estimators `together`, one more point per run so estimated, by the rule by them together
+    (`fqe+model`): the interval `selection.agreed` makes of theirs, at the lowest estimate, as `orl select --by`
+    reads them. It is then validated as an estimator of its own: the estimate the default rule ranks by."""
+    if len(together) < 2 or not set(together) <= {p["estimator"] for p in points}:
+        return points
+    runs: dict[tuple[str, str], dict[str, dict]] = {}
+    for p in points:
+        if p["estimator"] in together:
+            runs.setdefault((p["dataset"], p["run"]), {})[p["estimator"]] = p
+    rule = []
+    for found in runs.values():
+        if found.keys() == set(together):
+            both = agreed([Interval(p["estimate"], p["ci_low"], p["ci_high"]) for p in found.values()])
+            if both.finite:
+                rule.append(found[together[0]] | {"estimator": rule_name(together), "estimate": both.value,
+                                                  "ci_low": both.low, "ci_high": both.high})
+    return points + rule
+
+
 def validate_selection(points: list[dict], behaviours: dict[str, tuple[Interval, float]],
-                       truths: dict[str, dict[str, float]], together: tuple[str, ...] = SELECT_BY) -> dict:
-    """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs, by each estimator and by
-    the estimators `together` as `orl select --by` takes them (where the points have them all): `points` as `validate`
-    takes them, with each estimate's run and interval (keys run, ci_low, ci_high); `behaviours`, per dataset, the
-    behaviour policy's interval and true score; `truths`, per dataset, the true score of every run estimated, with a
-    number or without. Per rule and dataset: what the rule keeps (a run, or the behaviour policy where it refuses),
-    its true score, the best true score among the runs and the behaviour policy, and the rule's regret,
+                       truths: dict[str, dict[str, float]]) -> dict:
+    """`orl select`'s rule (`selection.select_by_rule`) on each dataset's evaluated runs, by each estimator of the
+    points (`with_rule_points` adds the rule by several together): `points` as `validate` takes them, with each
+    estimate's run and interval (keys run, ci_low, ci_high); `behaviours`, per dataset, the behaviour policy's
+    interval and true score; `truths`, per dataset, the true score of every run estimated, with a number or
+    without. Per rule and dataset: what the rule keeps (a run, or the behaviour policy where it refuses), its true
+    score, the best true score among the runs and the behaviour policy, and the rule's regret,
     (best - kept) / (best - worst); then the median regret and the datasets where what it kept is worse than the
     behaviour policy."""
-    rules = {estimator: [estimator] for estimator in dict.fromkeys(p["estimator"] for p in points)}
-    if len(together) > 1 and set(together) <= rules.keys():
-        rules[rule_name(together)] = list(together)
     summary = {}
-    for rule, estimators in rules.items():
+    for rule in dict.fromkeys(p["estimator"] for p in points):
+        mine = [p for p in points if p["estimator"] == rule]
         per_dataset = {}
-        for name in sorted({p["dataset"] for p in points if p["estimator"] in estimators} & behaviours.keys()):
-            found: dict[str, dict[str, Interval]] = {}
-            for p in points:
-                if p["dataset"] == name and p["estimator"] in estimators:
-                    found.setdefault(p["run"], {})[p["estimator"]] = Interval(p["estimate"], p["ci_low"], p["ci_high"])
-            estimates = {run: agreed([by[e] for e in estimators])
-                         for run, by in found.items() if by.keys() == set(estimators)}
+        for name in sorted({p["dataset"] for p in mine} & behaviours.keys()):
+            estimates = {p["run"]: Interval(p["estimate"], p["ci_low"], p["ci_high"])
+                         for p in mine if p["dataset"] == name}
             behaviour, behaviour_truth = behaviours[name]
             pick = select_by_rule(estimates, behaviour)
             everything = truths[name] | {KEPT_BEHAVIOUR: behaviour_truth}

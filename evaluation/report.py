@@ -106,7 +106,9 @@ def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
             "converge\" where FQE's fit failed; \"unreliable\" where the importance weights collapsed, docs/ope.md), "
             "against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
     if summary:
-        text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
+        text += (f"\nEach estimator against the true scores. `{rule_name(SELECT_BY)}` is what `orl select` reads of a "
+                 "run by default: the lowest of their estimates, in the span of their intervals (docs/ope.md).\n\n"
+                 + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n")
     if selection:
         text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
                  "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "
@@ -135,6 +137,7 @@ def report(runs_dir: str | Path, references_dir: str | Path, out_dir: str | Path
     table = markdown_table(rows) if rows else NO_EVALUATED_RUN + "\n"
     if not_evaluated:
         table += "\nNot evaluated:\n\n" + "".join(f"- {line}\n" for line in not_evaluated)
+    points = ope_validation.with_rule_points(points)  # `orl select`'s default rule, validated as an estimator
     validation = ope_validation.validate(points)
     behaviour_truths = {r["dataset"]: r["normalized_score"] for r in rows
                         if r["algo"] == BEHAVIOUR and r["normalized_score"] is not None}

@@ -135,9 +135,10 @@ def test_ope_estimates_every_run_and_the_report_sets_them_against_the_true_score
     summary = (repo / "reports" / "summary.md").read_text()
     # Pooled over the three offline runs, the user's env's included.
     assert "## Off-policy estimates" in summary and "| **fqe** | **pooled** (regret: median) | 3 |" in summary
-    # Validated: the estimators that gave numbers (wpdis is "unreliable" where greedy policies collapse its weights).
-    assert {"fqe", "dr", "model"} <= set(json.loads((repo / "reports" / "ope.json").read_text())) <= {
-        "fqe", "wpdis", "dr", "model"}
+    # Validated: the estimators that gave numbers (wpdis is "unreliable" where greedy policies collapse its weights),
+    # and `orl select`'s default reading of FQE and the model together.
+    assert {"fqe", "dr", "model", "fqe+model"} <= set(json.loads((repo / "reports" / "ope.json").read_text())) <= {
+        "fqe", "wpdis", "dr", "model", "fqe+model"}
     assert (repo / "reports" / "ope.png").stat().st_size > 1000
 
 

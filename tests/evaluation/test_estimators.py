@@ -36,6 +36,7 @@ from evaluation.ope_validation import (
     spearman,
     validate,
     validate_selection,
+    with_rule_points,
 )
 from evaluation.selection import Interval, agreed
 from tests.conftest import write_frame_stacks
@@ -218,7 +219,7 @@ def test_the_selection_rule_is_validated_by_what_it_keeps():
 
 def test_by_fqe_and_the_model_together_the_rule_keeps_only_what_both_put_above_the_behaviour_policy():
     """As `orl select --by fqe model` picks: each run at its lowest lower bound among the estimators, and passed over
-    where one of them gave no number. FQE alone keeps the runs it over-values; both together keep the run both put
+    where one of them gave no number (`with_rule_points` makes the points the rule reads). FQE alone keeps the runs it over-values; both together keep the run both put
     above the behaviour policy, or the behaviour policy where none stands above by both."""
     points = [point("a", "dqn", 80, 75, 85, 15), point("a", "dqn", 10, 5, 15, 15, MODEL),
               point("a", "iql", 60, 55, 65, 55), point("a", "iql", 50, 45, 55, 55, MODEL),
@@ -227,9 +228,14 @@ def test_by_fqe_and_the_model_together_the_rule_keeps_only_what_both_put_above_t
     behaviours = {name: (Interval(30, 25, 35), 30.0) for name in "ab"}
     truths = {"a": {"dqn": 15, "iql": 55, "marwil": 5}, "b": {"bc": 20}}
 
-    summary = validate_selection(points, behaviours, truths, together=(FQE, MODEL))
+    points = with_rule_points(points, together=(FQE, MODEL))
+    summary = validate_selection(points, behaviours, truths)
 
     assert list(summary) == [FQE, MODEL, "fqe+model"]
+    # Validated as an estimator too, at the lower estimate, on the runs both estimated (not marwil).
+    rule = validate(points)["fqe+model"]
+    assert rule["policies"] == 3 and rule["mae"] == pytest.approx((5 + 5 + 0) / 3)
+    assert rule["datasets"]["a"]["spearman"] == pytest.approx(1.0) and rule["datasets"]["a"]["regret_at_1"] == 0.0
     assert [summary[FQE]["datasets"][name]["kept"] for name in "ab"] == ["marwil", "bc"]
     assert summary[FQE]["worse_than_behaviour"] == 2
     assert [summary["fqe+model"]["datasets"][name]["kept"] for name in "ab"] == ["iql", KEPT_BEHAVIOUR]
