@@ -63,11 +63,12 @@ def estimates_against_truth(points: list[dict], path: Path) -> Path:
     estimators = list(dict.fromkeys(p["estimator"] for p in points))
     datasets = sorted({p["dataset"] for p in points})
     fig, axes = plt.subplots(1, len(estimators), figsize=(4 * len(estimators), 4), squeeze=False)
+    styles = distinct_styles(datasets)
     for ax, estimator in zip(axes[0], estimators):
         mine = [p for p in points if p["estimator"] == estimator]
         for name in datasets:
             group = [p for p in mine if p["dataset"] == name]
-            ax.scatter([p["truth"] for p in group], [p["estimate"] for p in group], label=name, s=18)
+            ax.scatter([p["truth"] for p in group], [p["estimate"] for p in group], label=name, s=18, **styles[name])
         values = [v for p in mine for v in (p["truth"], p["estimate"])]
         ax.plot([min(values), max(values)], [min(values), max(values)], linestyle="--", color="grey")
         ax.set_title(estimator)
@@ -75,6 +76,13 @@ def estimates_against_truth(points: list[dict], path: Path) -> Path:
         ax.set_ylabel("estimate")
     axes[0][-1].legend(fontsize=7)
     return _save(fig, path)
+
+
+def distinct_styles(names: list[str]) -> dict[str, dict[str, str]]:
+    """A colour and a marker per name, no two alike for up to 50 names: matplotlib's ten default colours, then the
+    ten again with the next marker (the colours alone repeat past ten datasets)."""
+    markers = "o^sDv"
+    return {name: {"color": f"C{i % 10}", "marker": markers[i // 10 % len(markers)]} for i, name in enumerate(names)}
 
 
 def message(text: str, path: Path) -> Path:
