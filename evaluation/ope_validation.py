@@ -47,7 +47,7 @@ def with_rule_points(points: list[dict], together: tuple[str, ...] = SELECT_BY) 
     """`points` (keys dataset, run, estimator, estimate, ci_low, ci_high, truth) and, where they hold estimates by
     every one of the estimators `together`, one more point per run so estimated, by the rule by them together
     (`fqe+model`): the interval `selection.agreed` makes of theirs, at the lowest estimate, as `orl select --by`
-    reads them. It is then validated as an estimator of its own: the estimate the default rule ranks by."""
+    reads them. It is then validated as an estimator of its own."""
     if len(together) < 2 or not set(together) <= {p["estimator"] for p in points}:
         return points
     runs: dict[tuple[str, str], dict[str, dict]] = {}

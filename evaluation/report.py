@@ -106,9 +106,10 @@ def ope_section(rows: list[dict], summary: dict, selection: dict) -> str:
             "converge\" where FQE's fit failed; \"unreliable\" where the importance weights collapsed, docs/ope.md), "
             "against its true score from `orl evaluate`.\n\n" + "\n".join(lines) + "\n")
     if summary:
-        text += (f"\nEach estimator against the true scores. `{rule_name(SELECT_BY)}` is what `orl select` reads of a "
-                 "run by default: the lowest of their estimates, in the span of their intervals (docs/ope.md).\n\n"
-                 + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n")
+        if rule_name(SELECT_BY) in summary:
+            text += (f"\n`{rule_name(SELECT_BY)}` is what `orl select` reads of a run by default: the lowest of the "
+                     f"{' and '.join(SELECT_BY)} estimates, in the span of their intervals (docs/ope.md).\n")
+        text += "\n" + ope_validation.markdown(summary) + "\n![estimates against true scores](ope.png)\n"
     if selection:
         text += ("\n### `orl select`'s rule, checked against the true scores\n\nWhat the rule keeps on each dataset, "
                  "from the estimates' intervals alone: the run with the highest lower bound, or the behaviour policy "

@@ -127,6 +127,7 @@ def test_the_report_checks_the_selection_rule_against_the_true_scores(expert_dat
     summary = report(runs, references, tmp_path / "reports").read_text()
 
     assert "### `orl select`'s rule, checked against the true scores" in summary
+    assert "| fqe+model |" not in summary and "reads of a run by default" not in summary  # FQE alone estimated
     selection = json.loads((tmp_path / "reports" / "selection.json").read_text())["fqe"]
     kept = selection["datasets"]["cartpole-expert"]
     assert kept["kept"] == BEHAVIOUR and kept["best"] == "bc-cartpole-expert" and kept["best_truth"] == 96.0
