@@ -219,8 +219,9 @@ def test_the_selection_rule_is_validated_by_what_it_keeps():
 
 def test_by_fqe_and_the_model_together_the_rule_keeps_only_what_both_put_above_the_behaviour_policy():
     """As `orl select --by fqe model` picks: each run at its lowest lower bound among the estimators, and passed over
-    where one of them gave no number (`with_rule_points` makes the points the rule reads). FQE alone keeps the runs it over-values; both together keep the run both put
-    above the behaviour policy, or the behaviour policy where none stands above by both."""
+    where one of them gave no number (`with_rule_points` makes the points the rule reads). FQE alone keeps the runs it
+    over-values; both together keep the run both put above the behaviour policy, or the behaviour policy where none
+    stands above by both."""
     points = [point("a", "dqn", 80, 75, 85, 15), point("a", "dqn", 10, 5, 15, 15, MODEL),
               point("a", "iql", 60, 55, 65, 55), point("a", "iql", 50, 45, 55, 55, MODEL),
               point("a", "marwil", 90, 88, 92, 5),  # the model-based estimate out of range
