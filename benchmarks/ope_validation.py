@@ -14,7 +14,7 @@ each dataset, against the behaviour policy (evaluation/ope_validation.py). The r
 Reads the quick tour's params.yaml, datasets/ and references/ by default (`make pipeline` makes them); writes
 OUT/ope_validation.{md,json,png}. Each candidate's checkpoint and true score are kept under --candidates and reused
 while its dataset and hyper-parameters are the same, so that a change to the estimators is checked by estimating
-alone.
+alone. The model-based estimator's dynamics are fitted once per dataset, for every candidate.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
 from dataset_format import Col
-from evaluation.config import ESTIMATORS, EvaluateConfig
+from evaluation.config import ESTIMATORS, MODEL, EvaluateConfig
 from evaluation.estimators import Episodes
-from evaluation.ope import estimate_policy, logged_episodes, split_episodes, undefined_estimators
+from evaluation.model_based import fit_dynamics
+from evaluation.ope import estimate_policy, fit_progress, logged_episodes, split_episodes, undefined_estimators
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from evaluation.selection import BEHAVIOUR, Interval
 from pipelines.params import load_params
@@ -108,7 +109,12 @@ def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str
         fit, held_out = split_episodes(episodes, params.ope)
         estimators = [e for e in args.estimators or ESTIMATORS if e not in undefined_estimators(card)]
         action_space = card.spaces[1]
-        algos = DISCRETE_ALGOS if isinstance(action_space, gym.spaces.Discrete) else CONTINUOUS_ALGOS
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        algos = DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS
+        dynamics = (fit_dynamics(fit, action_space.n if discrete else None, params.ope,
+                                 fit_progress(name, "model network", "loss"))
+                    if MODEL in estimators and not fit.arrays[Col.TERMINATEDS].all()  # else estimate_policy says why
+                    else None)  # one fit serves every candidate: the dynamics do not depend on the policy
         for algo in [a for a in algos if not args.algos or a in args.algos]:
             for seed in args.seeds:
                 for budget in args.budgets:
@@ -124,7 +130,7 @@ def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str
                     policy = ModulePolicy(load_rl_module(kept / "checkpoint"), action_space, acting.greedy,
                                           acting.temperature)
                     estimates = estimate_policy(policy, card, fit, held_out, reference, params.ope, estimators,
-                                                label=label)
+                                                label=label, dynamics=dynamics)
                     b = estimates[BEHAVIOUR]  # the same for every candidate of the dataset
                     behaviours[name] = Interval(b["value"], b["ci_low"], b["ci_high"])
                     found = {k: e for k, e in estimates["estimates"].items() if "value" in e}

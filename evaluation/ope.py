@@ -26,7 +26,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.config import DR, ESTIMATORS, FQE, MODEL, SELECT_BY, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios, resampling_members
-from evaluation.model_based import fit_dynamics, rollout_returns
+from evaluation.model_based import DynamicsEnsemble, fit_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
 from evaluation.selection import (BEHAVIOUR, Interval, agreed, policy_name, rank_by_lower_bound, rule_name,
                                   stands_above)
@@ -109,9 +109,12 @@ def ope(run_dir: str | Path, dataset_path: str, references_dir: str | Path, conf
 
 
 def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episodes, held_out: Episodes,
-                    reference: dict | None, config: OPEConfig, estimators: list[str], label: str) -> dict:
+                    reference: dict | None, config: OPEConfig, estimators: list[str], label: str,
+                    dynamics: DynamicsEnsemble | None = None) -> dict:
     """The policy's value by each of `estimators` (which must apply), fitting FQE (where an estimator reads it) or the
-    dynamics on `fit` and estimating on `held_out`, in normalized units where there is a `reference`."""
+    dynamics on `fit` and estimating on `held_out`, in normalized units where there is a `reference`. `dynamics`: the
+    model-based estimator's, fitted on `fit` already (`fit_dynamics`); they do not depend on the policy, so one fit
+    serves every policy estimated on the same episodes."""
     horizon = episode_horizon(card.env, fit, held_out)
     print(f"[{label}] {len(held_out)} episodes of {card.name} to estimate on, fitted on {len(fit)}; horizon "
           f"{horizon}, gamma {config.gamma}", file=sys.stderr, flush=True)
@@ -148,7 +151,10 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                               "status": UNRELIABLE, "effective_episodes": effective}
     if MODEL in estimators:
         results[MODEL] = (
-            _model_based(policy, fit, held_out, action_space.n if discrete else None, horizon, config, reference, label)
+            _model_based(policy, dynamics if dynamics is not None else
+                         fit_dynamics(fit, action_space.n if discrete else None, config,
+                                      fit_progress(label, "model network", "loss")),
+                         held_out, discrete, horizon, config, reference)
             if not fit.arrays[Col.TERMINATEDS].all() else
             {"undefined": f"every step of {card.name} fitted on ends its episode (one-step episodes), leaving the "
                           "model-based estimator no step that goes on to learn the dynamics from; use fqe"})
@@ -320,14 +326,13 @@ def episode_horizon(env: EnvSpec | None, *episodes: Episodes) -> int:
     return int(max([limit or 0, *(e.lengths.max() for e in episodes)]))
 
 
-def _model_based(policy: ModulePolicy, fit: Episodes, held_out: Episodes, num_actions: int | None, horizon: int,
-                 config: OPEConfig, reference: dict | None, label: str) -> dict:
-    """The policy rolled out in dynamics fitted on `fit`, from each held-out episode's first state; the interval
+def _model_based(policy: ModulePolicy, model: DynamicsEnsemble, held_out: Episodes, discrete: bool, horizon: int,
+                 config: OPEConfig, reference: dict | None) -> dict:
+    """The policy rolled out in the fitted dynamics, from each held-out episode's first state; the interval
     resamples the networks of the ensemble with the episodes. `left_data`: the share of rollouts that halted where
     the networks disagree (each counted at its chance of not having ended before)."""
-    model = fit_dynamics(fit, num_actions, config, fit_progress(label, "model network", "loss"))
     starts = held_out.arrays[Col.OBS][held_out.starts]
-    returns, halted = rollout_returns(model, actor(policy, num_actions is not None, config.seed), starts, horizon,
+    returns, halted = rollout_returns(model, actor(policy, discrete, config.seed), starts, horizon,
                                       config.gamma)  # (episodes, networks)
     estimate = _estimate(float(returns.mean()), resampling_members(returns, config.seed), len(held_out), config,
                          reference, model.return_range(horizon))

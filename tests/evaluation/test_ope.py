@@ -22,6 +22,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.config import EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes
+from evaluation.model_based import fit_dynamics
 from evaluation.ope import UNRELIABLE, estimate_policy, logged_episodes, ope
 from evaluation.references import reference_path
 from interop.config import ColumnMapping, ImportConfig
@@ -233,6 +234,19 @@ def test_the_model_based_estimator_alone_fits_no_fqe(project, capsys):
     assert set(output["estimates"]) == {"model"} and "value" in output["estimates"]["model"]
     assert "fqe_fit" not in output and "returns_allowed" not in output
     assert "fqe iteration" not in capsys.readouterr().err
+
+
+def test_dynamics_fitted_once_serve_each_policy_as_its_own_fit_would(project, capsys):
+    """benchmarks/ope_validation.py fits them once per dataset for every candidate."""
+    policy, card, episodes = bc_policy_and_data(project)
+    config = OPEConfig(**TINY_OPE)
+    own = estimate_policy(policy, card, episodes, episodes, None, config, ["model"], label="model")
+    dynamics = fit_dynamics(episodes, card.spaces[1].n, config, lambda *_: None)
+    capsys.readouterr()
+    shared = estimate_policy(policy, card, episodes, episodes, None, config, ["model"], label="model",
+                             dynamics=dynamics)
+    assert shared["estimates"]["model"] == own["estimates"]["model"]
+    assert "model network" not in capsys.readouterr().err
 
 
 def test_one_step_episodes_leave_the_model_based_estimator_undefined_and_fqe_a_number(project):
