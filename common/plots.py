@@ -69,13 +69,26 @@ def estimates_against_truth(points: list[dict], path: Path) -> Path:
         for name in datasets:
             group = [p for p in mine if p["dataset"] == name]
             ax.scatter([p["truth"] for p in group], [p["estimate"] for p in group], label=name, s=18, **styles[name])
-        values = [v for p in mine for v in (p["truth"], p["estimate"])]
-        ax.plot([min(values), max(values)], [min(values), max(values)], linestyle="--", color="grey")
+        truths = [p["truth"] for p in mine]
+        ax.plot([min(truths), max(truths)], [min(truths), max(truths)], linestyle="--", color="grey")
+        scale, options = estimate_scale(truths, [p["estimate"] for p in mine])
+        ax.set_yscale(scale, **options)
         ax.set_title(estimator)
         ax.set_xlabel("true normalized score")
         ax.set_ylabel("estimate")
     axes[0][-1].legend(fontsize=7)
     return _save(fig, path)
+
+
+def estimate_scale(truths: list[float], estimates: list[float]) -> tuple[str, dict]:
+    """The estimate axis's scale (matplotlib's `set_yscale` arguments): linear, unless estimates run away from the
+    truths by more than the truths' own span (a model's on LunarLander, to -1,346), which would squeeze every other
+    point into a corner; then linear over the truths' scale and logarithmic beyond."""
+    low, high = min(truths), max(truths)
+    span = max(high - low, 1.0)
+    if low - span <= min(estimates) and max(estimates) <= high + span:
+        return "linear", {}
+    return "symlog", {"linthresh": max(abs(low), abs(high), 1.0)}
 
 
 def distinct_styles(names: list[str]) -> dict[str, dict[str, str]]:
