@@ -149,6 +149,11 @@ class DynamicsEnsemble:
         return horizon * min(self.reward_low, 0.0), horizon * max(self.reward_high, 0.0)
 
 
+def has_dynamics(episodes: Episodes) -> bool:
+    """Whether some logged step goes on: of one-step episodes (a contextual bandit's) there are no dynamics to fit."""
+    return not episodes.arrays[Col.TERMINATEDS].all()
+
+
 def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with

@@ -26,7 +26,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.config import DR, ESTIMATORS, FQE, MODEL, SELECT_BY, WPDIS, EvaluateConfig, OPEConfig
 from evaluation.estimators import Episodes, Weighted, bootstrap, fit_fqe, log_ratios, resampling_members
-from evaluation.model_based import DynamicsEnsemble, fit_dynamics, rollout_returns
+from evaluation.model_based import DynamicsEnsemble, fit_dynamics, has_dynamics, rollout_returns
 from evaluation.references import CEILING, normalized_score, read_reference
 from evaluation.selection import (BEHAVIOUR, Interval, agreed, policy_name, rank_by_lower_bound, rule_name,
                                   stands_above)
@@ -155,7 +155,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                          fit_dynamics(fit, action_space.n if discrete else None, config,
                                       fit_progress(label, "model network", "loss")),
                          held_out, discrete, horizon, config, reference)
-            if not fit.arrays[Col.TERMINATEDS].all() else
+            if has_dynamics(fit) else
             {"undefined": f"every step of {card.name} fitted on ends its episode (one-step episodes), leaving the "
                           "model-based estimator no step that goes on to learn the dynamics from; use fqe"})
     if q is not None and not q.fit.converged:  # FQE's values, and DR's baseline, are no estimate
