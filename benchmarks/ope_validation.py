@@ -10,6 +10,8 @@ each dataset, against the behaviour policy (evaluation/ope_validation.py). The r
 
     python -m benchmarks.ope_validation --datasets cartpole-random cartpole-expert cartpole-learned
     python -m benchmarks.ope_validation --from-results OUT_A OUT_B --out OUT  # earlier runs, validated together
+    python -m benchmarks.ope_validation --datasets cartpole-random --estimators model --out OUT_M  # after a change
+    python -m benchmarks.ope_validation --from-results OUT_A OUT_M --out OUT  # OUT_A's FQE, OUT_M's model
 
 Reads the quick tour's params.yaml, datasets/ and references/ by default (`make pipeline` makes them); writes
 OUT/ope_validation.{md,json,png}. Each candidate's checkpoint and true score are kept under --candidates and reused
@@ -61,7 +63,8 @@ def main() -> None:
     source.add_argument("--from-results", type=Path, nargs="+", metavar="DIR",
                         help="validate again, together, the candidates earlier runs wrote to DIR/ope_validation.json "
                              "(their truths, estimates and intervals; nothing is trained or estimated): to pool "
-                             "runs on other datasets, or after a change to the validation itself")
+                             "runs on other datasets, or after a change to the validation itself; a later DIR's "
+                             "estimates of the same candidate replace an earlier one's, estimator by estimator")
     parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
     parser.add_argument("--references", type=Path, default=ROOT / "references")
     parser.add_argument("--algos", nargs="+", help="learners to train candidates with (default: every one that fits)")
@@ -148,22 +151,28 @@ def candidate_label(algo: str, dataset_name: str, seed: int, budget: float) -> s
 
 
 def saved_results(dirs: list[Path]) -> tuple[list[dict], dict[str, Interval]]:
-    """The candidates and behaviour estimates that earlier runs wrote to each DIR/ope_validation.json."""
-    candidates, behaviours = [], {}
+    """The candidates and behaviour estimates that earlier runs wrote to each DIR/ope_validation.json. A later DIR's
+    estimates of a candidate an earlier one holds replace those of the same estimators, so that a change to one
+    estimator is validated by running it alone and pooling its run after the earlier ones."""
+    candidates, behaviours = {}, {}
     for directory in dirs:
         path = directory / "ope_validation.json"
         try:
             saved = json.loads(path.read_text())
-            twice = sorted(set(saved["behaviours"]) & behaviours.keys())
-            candidates += saved["candidates"]
+            for c in saved["candidates"]:
+                label = candidate_label(c["algo"], c["dataset"], c["seed"], c["budget"])
+                earlier = candidates.setdefault(label, {**c, "intervals": {}})
+                if earlier["truth"] != c["truth"]:
+                    raise UserError(f"{path}: {label} scored {c['truth']} in its env, not {earlier['truth']} as in "
+                                    "an earlier --from-results folder: another policy under the same name; validate "
+                                    "it in a run of its own")
+                earlier.update({k: v for k, v in c.items() if k != "intervals"})
+                earlier["intervals"].update(c["intervals"])
             behaviours |= {name: Interval(**b) for name, b in saved["behaviours"].items()}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"{path}: not the results of an OPE validation run ({e}); give the --out folder of "
                             "one") from e
-        if twice:
-            raise UserError(f"{path}: {', '.join(twice)} also in another --from-results folder; give each dataset's "
-                            "candidates once")
-    return candidates, behaviours
+    return list(candidates.values()), behaviours
 
 
 def write_results(candidates: list[dict], behaviours: dict[str, Interval], out: Path) -> None:

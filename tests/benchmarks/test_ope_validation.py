@@ -1,5 +1,6 @@
 """benchmarks/ope_validation.py's `--from-results`: earlier runs' candidates validated again together, as the
-recorded validations of the full suite are pooled (benchmarks/README.md)."""
+recorded validations of the full suite are pooled (benchmarks/README.md), and a later run's estimates in place of the
+earlier ones'."""
 
 from __future__ import annotations
 
@@ -54,11 +55,29 @@ def test_runs_on_other_datasets_are_validated_together_with_the_rule_as_an_estim
     assert (tmp_path / "again" / "ope_validation.md").read_text() == table
 
 
-def test_a_dataset_given_twice_is_refused_naming_it(tmp_path):
+def test_a_later_runs_estimates_of_the_same_candidates_replace_the_earlier_ones_estimator_by_estimator(tmp_path):
     a = saved_run(tmp_path / "a", "a", [("bc", 30, 35, 30), ("dqn", 10, 90, 5)], behaviour=20)
-    again = saved_run(tmp_path / "again", "a", [("bc", 30, 35, 30)], behaviour=20)
+    b = saved_run(tmp_path / "b", "b", [("bc", 40, 41, 38)], behaviour=45)
+    model_again = tmp_path / "model-again"  # a run of the model-based estimator alone on "a", after a change to it
+    saved_run(model_again, "a", [("bc", 30, 0, 29), ("dqn", 10, 0, 12)], behaviour=20)
+    saved = json.loads((model_again / "ope_validation.json").read_text())
+    for c in saved["candidates"]:
+        del c["fqe"], c["intervals"]["fqe"]
+    (model_again / "ope_validation.json").write_text(json.dumps(saved))
 
-    result = validate_again(a, again, out=tmp_path / "out")
+    assert validate_again(a, b, model_again, out=tmp_path / "out").returncode == 0
+
+    pooled = json.loads((tmp_path / "out" / "ope_validation.json").read_text())
+    assert [(c["dataset"], c["algo"], c["fqe"], c["model"], c["intervals"]["model"]) for c in pooled["candidates"]] == [
+        ("a", "bc", 35, 29, [28, 30]), ("a", "dqn", 90, 12, [11, 13]), ("b", "bc", 41, 38, [37, 39])]
+    assert pooled["summary"]["fqe+model"]["policies"] == 3
+
+
+def test_another_policy_under_a_candidates_name_is_refused_naming_it(tmp_path):
+    a = saved_run(tmp_path / "a", "a", [("bc", 30, 35, 30), ("dqn", 10, 90, 5)], behaviour=20)
+    retrained = saved_run(tmp_path / "retrained", "a", [("bc", 31, 35, 30)], behaviour=20)
+
+    result = validate_again(a, retrained, out=tmp_path / "out")
 
     assert result.returncode != 0 and not (tmp_path / "out").exists()
-    assert "a also in another --from-results folder" in result.stderr.strip().splitlines()[-1]
+    assert "bc-a seed 0 x1 scored 31 in its env, not 30" in result.stderr.strip().splitlines()[-1]
