@@ -64,7 +64,8 @@ def main() -> None:
                         help="validate again, together, the candidates earlier runs wrote to DIR/ope_validation.json "
                              "(their truths, estimates and intervals; nothing is trained or estimated): to pool "
                              "runs on other datasets, or after a change to the validation itself; a later DIR's "
-                             "estimates of the same candidate replace an earlier one's, estimator by estimator")
+                             "estimates of the same candidate replace an earlier one's, estimator by estimator (all "
+                             "of them, where the candidate was trained again)")
     parser.add_argument("--datasets-dir", type=Path, default=ROOT / "datasets")
     parser.add_argument("--references", type=Path, default=ROOT / "references")
     parser.add_argument("--algos", nargs="+", help="learners to train candidates with (default: every one that fits)")
@@ -153,7 +154,8 @@ def candidate_label(algo: str, dataset_name: str, seed: int, budget: float) -> s
 def saved_results(dirs: list[Path]) -> tuple[list[dict], dict[str, Interval]]:
     """The candidates and behaviour estimates that earlier runs wrote to each DIR/ope_validation.json. A later DIR's
     estimates of a candidate an earlier one holds replace those of the same estimators, so that a change to one
-    estimator is validated by running it alone and pooling its run after the earlier ones."""
+    estimator is validated by running it alone and pooling its run after the earlier ones; a candidate trained again
+    (another true score) replaces the earlier one whole."""
     candidates, behaviours = {}, {}
     for directory in dirs:
         path = directory / "ope_validation.json"
@@ -162,10 +164,10 @@ def saved_results(dirs: list[Path]) -> tuple[list[dict], dict[str, Interval]]:
             for c in saved["candidates"]:
                 label = candidate_label(c["algo"], c["dataset"], c["seed"], c["budget"])
                 earlier = candidates.setdefault(label, {**c, "intervals": {}})
-                if earlier["truth"] != c["truth"]:
-                    raise UserError(f"{path}: {label} scored {c['truth']} in its env, not {earlier['truth']} as in "
-                                    "an earlier --from-results folder: another policy under the same name; validate "
-                                    "it in a run of its own")
+                if earlier["truth"] != c["truth"]:  # trained again: another policy, whose estimates are all these
+                    print(f"[ope validation] {label}: {path}'s, true {c['truth']:.1f}, in place of the earlier "
+                          f"one, true {earlier['truth']:.1f}", file=sys.stderr)
+                    earlier = candidates[label] = {**c, "intervals": {}}
                 earlier.update({k: v for k, v in c.items() if k != "intervals"})
                 earlier["intervals"].update(c["intervals"])
             behaviours |= {name: Interval(**b) for name, b in saved["behaviours"].items()}
