@@ -1,12 +1,11 @@
 """The model-based estimator (`model`): dynamics learned from the logged transitions, the policy rolled out in them.
 
-An ensemble of networks each predicts, from a state and an action, the change to the state and the reward of a step that
-does not end the episode; each is fitted on its own resample of those transitions (Fu et al. 2021, "Benchmarks for Deep
-Off-Policy Evaluation", found such models among the strongest estimators), each Discrete action drawn equally often: a
-learned policy's corrections are often the behaviour's rare actions. How episodes end has networks of its own, since a
-step that ends one may jump where no other step goes (a lander's crash: a velocity's change and a -100 that the state
-before hardly tells, which a mean over all steps would smear over every step near the ground, measured in
-benchmarks/README.md):
+An ensemble of networks each predicts, from a state and an action, the change to the state and the reward of a step
+that does not end the episode; each is fitted on its own resample of those transitions (Fu et al. 2021, "Benchmarks for
+Deep Off-Policy Evaluation", found such models among the strongest estimators). How episodes end has networks of its
+own, since a step that ends one may jump where no other step goes (a lander's crash: a velocity's change and a -100
+that the state before hardly tells, which a mean over all steps would smear over every step near the ground, measured
+in benchmarks/README.md):
 - from the state and the action, the chance that the step ends the episode, and the reward it earns if it does;
 - from the state reached, the chance that it is an ending: a function of that state in most tasks (a pole past its
   angle, a tip above the line, a hopper fallen), which a network learns more surely than composed with the dynamics.
@@ -159,9 +158,8 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with
     replacement) of the transitions that do not end an episode, by squared error on the normalized state change and
-    reward, with each Discrete action drawn equally often; then the termination network, by cross-entropy on every
-    logged next state; and where logged steps end episodes, the ending's chance by cross-entropy on every step, and its
-    reward by squared error on those steps.
+    reward; then the termination network, by cross-entropy on every logged next state; and where logged steps end
+    episodes, the ending's chance by cross-entropy on every step, and its reward by squared error on those steps.
     `num_actions` is the size of a Discrete action space (None for Box)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
@@ -173,14 +171,11 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     targets = torch.as_tensor(model.targets(a)[model.goes_on])
     rows = len(targets)
     networks = config.model_ensemble + 1  # and the termination network
-    actions = a[Col.ACTIONS][model.goes_on]
     for member in range(1, networks):
         network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1])
         resample = torch.as_tensor(resamples.integers(rows, size=rows))
-        draw = (_draws_by_action(actions[resample.numpy()], config, generator) if num_actions
-                else _draws(rows, config, generator))
         loss = _fit(network, inputs, targets, torch.nn.functional.mse_loss,
-                    lambda r=resample, draw=draw: r[draw()], config)
+                    lambda r=resample, draw=_draws(rows, config, generator): r[draw()], config)
         model.networks.append(network.eval())
         progress(member, networks, loss)
     terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]
@@ -262,23 +257,6 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
 def _draws(rows: int, config: OPEConfig, generator: torch.Generator) -> Callable[[], torch.Tensor]:
     """Minibatches of `config.batch_size` row numbers below `rows`, drawn uniformly."""
     return lambda: torch.randint(rows, (config.batch_size,), generator=generator)
-
-
-def _draws_by_action(actions: np.ndarray, config: OPEConfig,
-                     generator: torch.Generator) -> Callable[[], torch.Tensor]:
-    """Minibatches of `config.batch_size` row numbers of the Discrete `actions`, each action that occurs drawn equally
-    often and its rows uniformly. A behaviour policy's rare actions (an expert lander's side engines) are the ones
-    a learned policy's corrections take; fitted on the logged mix, the networks learn them too weakly and its
-    rollouts drift from the env (measured on LunarLander, benchmarks/README.md)."""
-    order = np.argsort(actions, kind="stable")
-    _, firsts, counts = np.unique(actions[order], return_index=True, return_counts=True)
-    order, firsts, counts = torch.as_tensor(order), torch.as_tensor(firsts), torch.as_tensor(counts)
-
-    def draw() -> torch.Tensor:
-        action = torch.randint(len(counts), (config.batch_size,), generator=generator)
-        within = torch.rand(config.batch_size, generator=generator, dtype=torch.float64) * counts[action]
-        return order[firsts[action] + within.long()]
-    return draw
 
 
 def _targets(arrays: dict) -> np.ndarray:

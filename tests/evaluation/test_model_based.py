@@ -67,28 +67,6 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
     assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
 
 
-def test_a_rare_actions_move_is_learned_as_well_as_a_common_ones():
-    """A behaviour policy that takes action 1 on 4 % of its steps, where action 1 moves by an amount that varies with
-    the position; fitted on the logged mix, the networks would learn it about five times less closely."""
-    def move(position: float, action: int) -> float:
-        return 1.0 + action * np.sin(1.5 * position)
-
-    rng, steps = np.random.default_rng(0), []
-    for episode in range(1000):
-        position, t = rng.uniform(0, 2), 0
-        while position < END:
-            action = int(rng.random() < 0.04)
-            moved = position + move(position, action)
-            steps.append((episode, t, position, action, moved, moved >= END))
-            position, t = moved, t + 1
-    model = fit_dynamics(episodes_of(steps), 2, CONFIG, lambda *_: None)
-    positions = np.linspace(0, 5, 20, dtype=np.float32)[:, None]
-    for action in (0, 1):
-        outputs = model.outputs(positions, np.full(len(positions), action)) * model.target_std + model.target_mean
-        truth = [move(p, action) for p in positions[:, 0]]
-        assert np.abs(outputs[:, :, 0] - truth).mean() < 0.05  # each network's predicted move
-
-
 def test_a_step_past_the_end_surely_terminates_and_its_state_is_held_within_the_logged_ones():
     model = fit_dynamics(logged_episodes(300), 2, CONFIG, lambda *_: None)
     obs, actions = np.array([[1.0], [4.0], [5.5]], dtype=np.float32), np.ones(3, dtype=np.int64)
