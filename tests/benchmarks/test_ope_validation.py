@@ -24,6 +24,15 @@ def saved_run(out: Path, dataset: str, candidates: list[tuple[str, float, float,
     return out
 
 
+def without_fqe(out: Path) -> Path:
+    """The run at OUT as if it had estimated with the model-based estimator alone (`--estimators model`)."""
+    saved = json.loads((out / "ope_validation.json").read_text())
+    for c in saved["candidates"]:
+        del c["fqe"], c["intervals"]["fqe"]
+    (out / "ope_validation.json").write_text(json.dumps(saved))
+    return out
+
+
 def validate_again(*dirs: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "benchmarks.ope_validation", "--from-results", *map(str, dirs),
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -58,12 +67,9 @@ def test_runs_on_other_datasets_are_validated_together_with_the_rule_as_an_estim
 def test_a_later_runs_estimates_of_the_same_candidates_replace_the_earlier_ones_estimator_by_estimator(tmp_path):
     a = saved_run(tmp_path / "a", "a", [("bc", 30, 35, 30), ("dqn", 10, 90, 5)], behaviour=20)
     b = saved_run(tmp_path / "b", "b", [("bc", 40, 41, 38)], behaviour=45)
-    model_again = tmp_path / "model-again"  # a run of the model-based estimator alone on "a", after a change to it
-    saved_run(model_again, "a", [("bc", 30, 0, 29), ("dqn", 10, 0, 12)], behaviour=20)
-    saved = json.loads((model_again / "ope_validation.json").read_text())
-    for c in saved["candidates"]:
-        del c["fqe"], c["intervals"]["fqe"]
-    (model_again / "ope_validation.json").write_text(json.dumps(saved))
+    # a run of the model-based estimator alone on "a", after a change to it
+    model_again = without_fqe(saved_run(tmp_path / "model-again", "a", [("bc", 30, 0, 29), ("dqn", 10, 0, 12)],
+                                        behaviour=20))
 
     assert validate_again(a, b, model_again, out=tmp_path / "out").returncode == 0
 
@@ -75,10 +81,7 @@ def test_a_later_runs_estimates_of_the_same_candidates_replace_the_earlier_ones_
 
 def test_a_candidate_trained_again_replaces_the_earlier_one_whole(tmp_path):
     a = saved_run(tmp_path / "a", "a", [("bc", 30, 35, 30), ("dqn", 10, 90, 5)], behaviour=20)
-    retrained = saved_run(tmp_path / "retrained", "a", [("bc", 31, 0, 32)], behaviour=20)
-    saved = json.loads((retrained / "ope_validation.json").read_text())
-    del saved["candidates"][0]["fqe"], saved["candidates"][0]["intervals"]["fqe"]  # the model-based estimator alone
-    (retrained / "ope_validation.json").write_text(json.dumps(saved))
+    retrained = without_fqe(saved_run(tmp_path / "retrained", "a", [("bc", 31, 0, 32)], behaviour=20))
 
     result = validate_again(a, retrained, out=tmp_path / "out")
 
