@@ -45,6 +45,7 @@ def workdir(tmp_path_factory) -> Path:
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     log = run_orl("collect", "pong", cwd=root)
     assert "A.L.E" not in log  # the emulator's banner is no progress line of ours
+    run_orl("reference", "--out", "references", cwd=root)  # evaluate and ope read it
     for algo in ("bc", "dqn"):
         run_orl("train", "--algo", algo, "--dataset", "datasets/pong", "--out", f"runs/{algo}", cwd=root)
     return root
@@ -79,7 +80,6 @@ def test_learners_build_a_cnn_over_channels_last_frames(workdir, algo):
 def test_bc_is_evaluated_in_the_env_and_its_mlflow_model_predicts_from_frames(workdir):
     import mlflow
 
-    run_orl("reference", "--out", "references", cwd=workdir)
     run_orl("evaluate", "runs/bc", "--references", "references", cwd=workdir)
     metrics = json.loads((workdir / "runs" / "bc" / "eval.json").read_text())
     assert metrics["episodes"] == 2 and "no ceiling reference" in metrics["no_normalized_score"]
