@@ -84,7 +84,6 @@ class ModulePolicy:
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None
 
-
     def _log_probabilities(self, logits: np.ndarray) -> np.ndarray:
         return _log_softmax(logits if self.temperature is None else logits / self.temperature)
 
