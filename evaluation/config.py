@@ -99,7 +99,12 @@ class OPEConfig:
     """Dynamics networks in the model-based estimator's ensemble, each fitted on its own resample of the
     transitions; its interval resamples them with the episodes, so it includes the fit's own variance."""
     model_updates: int = 2000
-    """Gradient steps of each dynamics network (Adam at `lr`, minibatches of `batch_size`)."""
+    """Gradient steps of each dynamics network (Adam at `lr`, minibatches of `batch_size`), at least; see
+    `model_epochs`."""
+    model_epochs: float = 5.0
+    """Passes over the logged transitions each dynamics network makes, at least: on large datasets `model_updates`
+    alone would see each transition about once or less (hopper-medium's 900,000: half a pass), and the model's hopper
+    falls much sooner than the real one (benchmarks/README.md)."""
     model_halt_quantile: float = 1.0
     """A model rollout halts, counting for the rest the lowest return-to-go logged at that step, where its networks'
     predictions part more than on this share of the logged transitions (1: more than on any of them): the policy has
@@ -115,7 +120,8 @@ class OPEConfig:
 
     def __post_init__(self):
         require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples",
-                         "min_effective_episodes", "model_ensemble", "model_updates", "fqe_heads")
+                         "min_effective_episodes", "model_ensemble", "model_updates", "model_epochs",
+                         "fqe_heads")
         if self.gamma > 1:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:

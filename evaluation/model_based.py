@@ -32,6 +32,7 @@ where some steps go on: of one-step episodes (a contextual bandit's), there are 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -156,7 +157,7 @@ def has_dynamics(episodes: Episodes) -> bool:
 
 def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
-    """`config.model_ensemble` networks, each fitted for `model_updates` steps on its own resample (with
+    """`config.model_ensemble` networks, each fitted for `dynamics_updates` steps on its own resample (with
     replacement) of the transitions that do not end an episode, by squared error on the normalized state change and
     reward; then the termination network, by cross-entropy on every logged next state; and where logged steps end
     episodes, the ending's chance by cross-entropy on every step, and its reward by squared error on those steps.
@@ -170,31 +171,33 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     inputs = every_input[torch.as_tensor(model.goes_on)]
     targets = torch.as_tensor(model.targets(a)[model.goes_on])
     rows = len(targets)
+    updates = dynamics_updates(len(every_input), config)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
         network = mlp(inputs.shape[1], config.model_hidden_layers, targets.shape[1])
         resample = torch.as_tensor(resamples.integers(rows, size=rows))
         loss = _fit(network, inputs, targets, torch.nn.functional.mse_loss,
-                    lambda r=resample, draw=_draws(rows, config, generator): r[draw()], config)
+                    lambda r=resample, draw=_draws(rows, config, generator): r[draw()], updates, config.lr)
         model.networks.append(network.eval())
         progress(member, networks, loss)
     terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]
     every_row = _draws(len(terminated), config, generator)
     termination = mlp(len(model.next_obs_mean), config.model_hidden_layers, 1)
     loss = _fit(termination, model.next_obs_inputs(a[Col.NEW_OBS]), terminated,
-                torch.nn.functional.binary_cross_entropy_with_logits, every_row, config)
+                torch.nn.functional.binary_cross_entropy_with_logits, every_row, updates,
+                config.lr)
     model.termination = termination.eval()
     if not model.goes_on.all():
         model.ending_chance = mlp(every_input.shape[1], config.model_hidden_layers, 1)
         _fit(model.ending_chance, every_input, terminated, torch.nn.functional.binary_cross_entropy_with_logits,
-             every_row, config)
+             every_row, updates, config.lr)
         rewards = np.asarray(a[Col.REWARDS], dtype=np.float32)[~model.goes_on, None]
         model.ending_reward_mean, model.ending_reward_std = rewards.mean(axis=0), _std(rewards)
         model.ending_reward = mlp(every_input.shape[1], config.model_hidden_layers, 1)
         _fit(model.ending_reward, every_input[torch.as_tensor(~model.goes_on)],
              torch.as_tensor((rewards - model.ending_reward_mean) / model.ending_reward_std),
              torch.nn.functional.mse_loss,
-             _draws(len(rewards), config, generator), config)
+             _draws(len(rewards), config, generator), updates, config.lr)
         model.ending_chance.eval()
         model.ending_reward.eval()
     progress(networks, networks, loss)
@@ -239,13 +242,19 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
     return returns, halted
 
 
+def dynamics_updates(rows: int, config: OPEConfig) -> int:
+    """Gradient steps of each network fitted on `rows` logged transitions: `model_updates`, or `model_epochs` passes
+    over them if that is more."""
+    return max(config.model_updates, math.ceil(config.model_epochs * rows / config.batch_size))
+
+
 def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
          loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], draw_batch: Callable[[], torch.Tensor],
-         config: OPEConfig) -> float:
-    """`config.model_updates` Adam steps on the loss of the network's outputs against the targets, on batches of rows
+         updates: int, lr: float) -> float:
+    """`updates` Adam steps at `lr` on the loss of the network's outputs against the targets, on batches of rows
     drawn by `draw_batch`; the last batch's loss."""
-    optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
-    for _ in range(config.model_updates):
+    optimizer = torch.optim.Adam(network.parameters(), lr=lr)
+    for _ in range(updates):
         batch = draw_batch()
         loss = loss_of(network(inputs[batch]), targets[batch])
         optimizer.zero_grad()

@@ -16,7 +16,7 @@ import pytest
 from dataset_format import Col, read_card
 from evaluation.config import MODEL, OPEConfig
 from evaluation.estimators import Episodes
-from evaluation.model_based import fit_dynamics, rollout_returns
+from evaluation.model_based import dynamics_updates, fit_dynamics, rollout_returns
 from evaluation.ope import undefined_estimators
 from tests.conftest import write_frame_stacks
 
@@ -148,8 +148,15 @@ def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
         undefined_estimators(card)[MODEL])
 
 
-@pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_hidden_layers", []),
-                                         ("model_halt_quantile", 0), ("model_halt_quantile", 1.5)])
+def test_each_network_passes_over_a_large_dataset_model_epochs_times():
+    config = OPEConfig(model_updates=2000, model_epochs=5, batch_size=256)
+    assert dynamics_updates(50_000, config) == 2000  # model_updates already passes over it about 10 times
+    assert dynamics_updates(900_000, config) == 17_579  # 5 passes of 256-transition batches, rounded up
+
+
+@pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_epochs", 0),
+                                         ("model_hidden_layers", []), ("model_halt_quantile", 0),
+                                         ("model_halt_quantile", 1.5)])
 def test_bad_model_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         OPEConfig(**{field: value})
