@@ -184,8 +184,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     every_row = _draws(len(terminated), config, generator)
     termination = mlp(len(model.next_obs_mean), config.model_hidden_layers, 1)
     loss = _fit(termination, model.next_obs_inputs(a[Col.NEW_OBS]), terminated,
-                torch.nn.functional.binary_cross_entropy_with_logits, every_row, updates,
-                config.lr)
+                torch.nn.functional.binary_cross_entropy_with_logits, every_row, updates, config.lr)
     model.termination = termination.eval()
     if not model.goes_on.all():
         model.ending_chance = mlp(every_input.shape[1], config.model_hidden_layers, 1)
