@@ -103,8 +103,8 @@ class OPEConfig:
     `model_epochs`."""
     model_epochs: float = 5.0
     """Passes over the logged transitions each dynamics network makes, at least: on large datasets `model_updates`
-    alone would see each transition once or less, and the model's dynamics drift (benchmarks/README.md, "Hopper
-    joins")."""
+    alone would see each transition once or less, and the model's dynamics drift (benchmarks/README.md, "The model's
+    hopper fell early")."""
     model_halt_quantile: float = 1.0
     """A model rollout halts, counting for the rest the lowest return-to-go logged at that step, where its networks'
     predictions part more than on this share of the logged transitions (1: more than on any of them): the policy has
