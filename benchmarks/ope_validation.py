@@ -46,8 +46,8 @@ from evaluation import ope_validation
 from dataset_format import Col
 from evaluation.config import ESTIMATORS, MODEL, EvaluateConfig
 from evaluation.estimators import Episodes
-from evaluation.model_based import fit_dynamics, has_dynamics
-from evaluation.ope import estimate_policy, fit_progress, logged_episodes, split_episodes, undefined_estimators
+from evaluation.model_based import has_dynamics
+from evaluation.ope import estimate_policy, fit_model, logged_episodes, split_episodes, undefined_estimators
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from evaluation.selection import BEHAVIOUR, Interval
 from pipelines.params import load_params
@@ -115,8 +115,7 @@ def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str
         action_space = card.spaces[1]
         discrete = isinstance(action_space, gym.spaces.Discrete)
         algos = DISCRETE_ALGOS if discrete else CONTINUOUS_ALGOS
-        dynamics = (fit_dynamics(fit, action_space.n if discrete else None, params.ope,
-                                 fit_progress(name, "model network", "loss"))
+        dynamics = (fit_model(fit, action_space, params.ope, name)
                     if MODEL in estimators and has_dynamics(fit)  # else estimate_policy says why
                     else None)  # one fit serves every candidate: the dynamics do not depend on the policy
         for algo in [a for a in algos if not args.algos or a in args.algos]:

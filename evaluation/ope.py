@@ -151,9 +151,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
                               "status": UNRELIABLE, "effective_episodes": effective}
     if MODEL in estimators:
         results[MODEL] = (
-            _model_based(policy, dynamics if dynamics is not None else
-                         fit_dynamics(fit, action_space.n if discrete else None, config,
-                                      fit_progress(label, "model network", "loss")),
+            _model_based(policy, dynamics if dynamics is not None else fit_model(fit, action_space, config, label),
                          held_out, discrete, horizon, config, reference)
             if has_dynamics(fit) else
             {"undefined": f"every step of {card.name} fitted on ends its episode (one-step episodes), leaving the "
@@ -379,6 +377,12 @@ def _estimate(value: float, statistic, episodes: int, config: OPEConfig, referen
         return {"value": value, "ci_low": low, "ci_high": high}
     return {"value": normalized_score(value, reference), "ci_low": normalized_score(low, reference),
             "ci_high": normalized_score(high, reference), "return": value}
+
+
+def fit_model(fit: Episodes, action_space: gym.Space, config: OPEConfig, label: str) -> DynamicsEnsemble:
+    """The model-based estimator's dynamics, fitted on `fit`, with progress lines under `label`."""
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    return fit_dynamics(fit, action_space.n if discrete else None, config, fit_progress(label, "model network", "loss"))
 
 
 def fit_progress(label: str, step: str = "fqe iteration", loss_name: str = "TD loss"):
