@@ -179,7 +179,7 @@ def estimate_policy(policy: ModulePolicy, card: dataset.DatasetCard, fit: Episod
     }
 
 
-def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
+def select(dataset_name: str, estimators: list[str] | None = None) -> None:
     """Chooses, among the finished MLflow runs trained on the dataset, the one the rule of evaluation/selection.py
     picks (the highest lower bound; by several estimators, the highest of each run's lowest lower bound), says
     whether its interval stands clear of the runner-up's, and points the registry alias DATASET-ope-best at its model
@@ -229,9 +229,6 @@ def select(dataset_name: str, estimators: list[str] | None = None) -> dict:
                   "them apart")
     print(f"[select {dataset_name}] alias {alias} -> models:/{chosen.name}/{chosen.version} "
           f"(run {best.info.run_name}, the highest lower bound by {rule}; {confidence})", file=sys.stderr)
-    picked = estimates[best.info.run_id]
-    return {"alias": alias, "model": chosen.name, "version": chosen.version, "run_id": best.info.run_id, "by": rule,
-            "estimate": picked.value, "ci_low": picked.low, "ci_high": picked.high, "clear_of_runner_up": clear}
 
 
 def _interval(metrics: dict, estimator: str) -> Interval:
