@@ -51,6 +51,8 @@ def main() -> None:
     params = load_params(args.params)
     evaluate = params.evaluate
     seed = evaluate.seed + 1 if args.seed is None else args.seed
+    if args.episodes < 2:
+        raise UserError(f"--episodes {args.episodes}: give 2 or more, for a standard error")
     if seed == evaluate.seed:
         raise UserError(f"--seed {seed} is the seed the truths were read on; give another")
     path = args.results / "ope_validation.json"
@@ -60,7 +62,7 @@ def main() -> None:
         raise UserError(f"{path}: not the results of an OPE validation run ({e}); give the --out folder of one") from e
     candidates = [c for c in candidates if not args.datasets or c["dataset"] in args.datasets]
     if not candidates:
-        raise UserError(f"{path} holds no candidate of {' '.join(args.datasets)}")
+        raise UserError(f"{path} holds no candidate" + (f" of {' '.join(args.datasets)}" if args.datasets else ""))
     start_ray(params.ray.num_cpus)
     envs, readings = {}, []
     for c in candidates:

@@ -97,10 +97,12 @@ def test_each_candidate_is_scored_again_on_fresh_seeds_and_the_first_truth_valid
     assert "| bc-cartpole-expert seed 0 x1 |" in (validated / "noise" / "ope_truth_noise.md").read_text()
 
 
-def test_it_refuses_the_truths_own_seed_and_a_candidate_without_its_checkpoint(validated, tmp_path):
+def test_it_refuses_the_truths_own_seed_one_episode_and_a_candidate_without_its_checkpoint(validated, tmp_path):
     seed = load_params(validated / "params.yaml").evaluate.seed
     result = read_again(validated, "--seed", str(seed), "--out", str(tmp_path / "same"))
     assert result.returncode != 0 and f"--seed {seed} is the seed the truths were read on" in result.stderr
+    result = read_again(validated, "--episodes", "1", "--out", str(tmp_path / "one"))
+    assert result.returncode != 0 and "--episodes 1: give 2 or more" in result.stderr
 
     shutil.rmtree(validated / "candidates" / DATASET / "dqn-seed0-x1")
     result = read_again(validated, "--episodes", "2", "--out", str(tmp_path / "lost"))
