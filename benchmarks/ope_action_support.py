@@ -23,6 +23,7 @@ import torch
 
 import dataset_format as dataset
 from benchmarks.fqe_along_rollouts import StateDistances
+from benchmarks.ope_validation import kept_candidate
 from collectors.config import PolicyConfig
 from collectors.policies import build_policy
 from common.envs import make_env
@@ -54,7 +55,7 @@ def main() -> None:
         print(f"| the controller | | | | {taken.mean():.2f} | {np.median(taken):.2f} |")
     errors, means = [], []
     for candidate in json.loads(args.results.read_text())["candidates"]:
-        folder = args.candidates / f"{candidate['algo']}-seed{candidate['seed']}-x{candidate['budget']:g}"
+        folder = kept_candidate(args.candidates, candidate["algo"], candidate["seed"], candidate["budget"])
         policy = ModulePolicy(load_rl_module(folder / "checkpoint"), card.spaces[1], True, None)
         with torch.no_grad():
             pi = np.concatenate([policy.probabilities(rows) for rows in np.array_split(a[Col.NEW_OBS], 20)])

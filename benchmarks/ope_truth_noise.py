@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import dataset_format as dataset
-from benchmarks.ope_validation import ROOT, candidate_label
+from benchmarks.ope_validation import ROOT, candidate_label, kept_candidate
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common.errors import UserError
@@ -71,7 +71,7 @@ def main() -> None:
             env = dataset.read_card(dataset.locate(args.datasets_dir / name)).env
             envs[name] = env, read_reference(args.references, env.label, evaluate)
         env, reference = envs[name]
-        checkpoint = args.candidates / name / f"{c['algo']}-seed{c['seed']}-x{c['budget']:g}" / "checkpoint"
+        checkpoint = kept_candidate(args.candidates / name, c["algo"], c["seed"], c["budget"]) / "checkpoint"
         if not checkpoint.is_dir():
             raise UserError(f"{checkpoint}: no kept checkpoint of {label}; run benchmarks/ope_validation.py on "
                             f"{name} with --candidates {args.candidates}")

@@ -125,7 +125,7 @@ def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str
                     algo_params = dataclasses.replace(base, iterations=max(1, round(base.iterations * budget)))
                     label = candidate_label(algo, name, seed, budget)
                     started = time.monotonic()
-                    kept = cache / f"{algo}-seed{seed}-x{budget:g}"
+                    kept = kept_candidate(cache, algo, seed, budget)
                     acting = PolicyConfig(kind="model", model=str(kept / "checkpoint"), greedy=args.temperature is None,
                                           temperature=args.temperature)  # as `orl ope` estimates it
                     truth = trained_candidate(kept, training_card, algo, algo_params, training_data, seed, acting,
@@ -148,6 +148,11 @@ def estimated_candidates(args: argparse.Namespace) -> tuple[list[dict], dict[str
 
 def candidate_label(algo: str, dataset_name: str, seed: int, budget: float) -> str:
     return f"{algo}-{dataset_name} seed {seed} x{budget:g}"
+
+
+def kept_candidate(cache: Path, algo: str, seed: int, budget: float) -> Path:
+    """Where a candidate of the dataset cached at `cache` keeps its checkpoint and true scores."""
+    return cache / f"{algo}-seed{seed}-x{budget:g}"
 
 
 def saved_results(dirs: list[Path]) -> tuple[list[dict], dict[str, Interval]]:
