@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import dataset_format as dataset
-from benchmarks.ope_validation import ROOT, candidate_label, kept_candidate
+from benchmarks.ope_validation import ROOT, candidate_label, kept_candidate, saved_results
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common.errors import UserError
@@ -55,14 +55,10 @@ def main() -> None:
         raise UserError(f"--episodes {args.episodes}: give 2 or more, for a standard error")
     if seed == evaluate.seed:
         raise UserError(f"--seed {seed} is the seed the truths were read on; give another")
-    path = args.results / "ope_validation.json"
-    try:
-        candidates = json.loads(path.read_text())["candidates"]
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{path}: not the results of an OPE validation run ({e}); give the --out folder of one") from e
-    candidates = [c for c in candidates if not args.datasets or c["dataset"] in args.datasets]
+    candidates = [c for c in saved_results([args.results])[0] if not args.datasets or c["dataset"] in args.datasets]
     if not candidates:
-        raise UserError(f"{path} holds no candidate" + (f" of {' '.join(args.datasets)}" if args.datasets else ""))
+        raise UserError(f"{args.results / 'ope_validation.json'} holds no candidate"
+                        + (f" of {' '.join(args.datasets)}" if args.datasets else ""))
     start_ray(params.ray.num_cpus)
     envs, readings = {}, []
     for c in candidates:

@@ -40,13 +40,14 @@ def validated(expert_dataset, tmp_path_factory) -> Path:
     params["evaluate"].update(episodes=3, num_workers=0)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     shutil.copytree(expert_dataset, root / "datasets" / DATASET)
-    evaluate = load_params(root / "params.yaml").evaluate
+    loaded = load_params(root / "params.yaml")
+    evaluate = loaded.evaluate
     reference = reference_path(root / "references", "CartPole-v1")
     reference.parent.mkdir()
     reference.write_text(json.dumps({**REFERENCE, "seed": evaluate.seed, "episodes": evaluate.episodes}))
     env, candidates = dataset.read_card(root / "datasets" / DATASET).env, []
     for algo, updates in UPDATES.items():
-        learner = dataclasses.replace(load_params(root / "params.yaml").algos.get(algo), iterations=1,
+        learner = dataclasses.replace(loaded.algos.get(algo), iterations=1,
                                       updates_per_iteration=updates, hidden_layers=[32])
         checkpoint = root / "candidates" / DATASET / f"{algo}-seed0-x1" / "checkpoint"
         train_ours(algo, learner, root / "datasets" / DATASET, 0, checkpoint)
