@@ -35,7 +35,7 @@ from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation import ope_validation
 from evaluation.estimators import Episodes
-from evaluation.model_based import DynamicsEnsemble, fit_dynamics, rollout_returns
+from evaluation.model_based import DynamicsEnsemble, dynamics_updates, fit_dynamics, rollout_returns
 from evaluation.ope import actor, episode_horizon, fit_progress, logged_episodes
 from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
@@ -55,11 +55,13 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", required=True)
     parser.add_argument("--candidates", type=Path, default=ROOT / ".cache" / "ope_candidates")
     parser.add_argument("--updates", type=int, nargs="+",
-                        help="the dynamics networks' updates to fit with, one fit each (default: params.yaml's "
-                             "ope.model_updates)")
+                        help="the dynamics networks' updates to fit with, one fit each, or ope.model_epochs' "
+                             "passes if more (default: params.yaml's ope.model_updates)")
     parser.add_argument("--replayed", type=int, default=100, help="logged episodes replayed open loop")
     parser.add_argument("--real-episodes", type=int, default=10,
                         help="each candidate's episodes in the env the networks are checked on (0: none)")
+    parser.add_argument("--runs", nargs="+", default=["*"],
+                        help="the kept candidates to roll out, by name or glob (bc-seed0-x0.01, 'iql-*')")
     args = parser.parse_args()
 
     params = load_params(args.params)
@@ -71,9 +73,9 @@ def main() -> None:
         episodes = logged_episodes(location, card)
         horizon, discrete = episode_horizon(card.env, episodes), isinstance(card.spaces[1], gym.spaces.Discrete)
         for updates in args.updates or [params.ope.model_updates]:
-            label = f"{name}, {updates} updates"
-            model = fit_dynamics(episodes, card.spaces[1].n if discrete else None,
-                                 dataclasses.replace(params.ope, model_updates=updates),
+            config = dataclasses.replace(params.ope, model_updates=updates)
+            label = f"{name}, {dynamics_updates(len(episodes.arrays[Col.OBS]), config)} updates"
+            model = fit_dynamics(episodes, card.spaces[1].n if discrete else None, config,
                                  fit_progress(label, "model network", "loss"))
             print_fit(label, model, episodes, args.replayed)
             limits = {"halt": model.disagreement_limit, "no halt": np.inf}
@@ -81,7 +83,8 @@ def main() -> None:
                   f"step 0 counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}",
                   flush=True)
             starts = episodes.arrays[Col.OBS][episodes.starts]
-            for kept in sorted(p.parent for p in (args.candidates / name).glob("*/truth.json")):
+            runs = {path.parent for run in args.runs for path in (args.candidates / name).glob(f"{run}/truth.json")}
+            for kept in sorted(runs):
                 truth = json.loads((kept / "truth.json").read_text())["truth"]
                 policy = ModulePolicy(load_rl_module(kept / "checkpoint"), card.spaces[1], greedy=True)
                 line = []
@@ -129,25 +132,31 @@ def print_fit(label: str, model: DynamicsEnsemble, episodes: Episodes, replayed:
 def print_on_real_episodes(label: str, model: DynamicsEnsemble, act, card: dataset.DatasetCard, seed: int,
                            count: int) -> None:
     """The networks read at the states of the policy's own episodes in the env: where the model's value of a policy
-    parts from its truth even with the states right."""
+    parts from its truth even with the states right. With the states right, a rollout's length is still cut by the
+    chance of ending the model gives each step (as `DynamicsEnsemble.step` does, the larger of the two networks'):
+    the episodes' expected lengths by those chances, against their lengths in the env."""
     env = make_env(card.env)
-    steps = []  # (obs, action, reward, next obs, terminated) per step
+    steps = []  # (episode, obs, action, reward, next obs, terminated) per step
     for episode in range(count):
         obs, _ = env.reset(seed=seed + episode)
         done = False
         while not done:
             action = act(np.asarray(obs, dtype=np.float32)[None])[0]
             next_obs, reward, terminated, truncated, _ = env.step(action)
-            steps.append((obs, action, reward, next_obs, terminated))
+            steps.append((episode, obs, action, reward, next_obs, terminated))
             obs, done = next_obs, terminated or truncated
     env.close()
-    obs, actions, rewards, next_obs, ends = (np.array(column) for column in zip(*steps))
+    episode_of, obs, actions, rewards, next_obs, ends = (np.array(column) for column in zip(*steps))
     obs, goes_on = obs.astype(np.float32), ~ends
     outputs = model.outputs(obs[goes_on], actions[goes_on])
     predicted = np.clip(outputs[..., -1] * model.target_std[-1] + model.target_mean[-1], model.reward_low,
                         model.reward_high)  # (networks, steps that go on)
-    recalled = {"the chance from the state and the action": model.ending(obs[ends], actions[ends])[0] > EVEN_ODDS,
-                "the termination network": model.ends(next_obs[ends]) > EVEN_ODDS}
+    chance_of_step, chance_of_state = model.ending(obs, actions)[0], model.ends(next_obs)
+    recalled = {"the chance from the state and the action": chance_of_step[ends] > EVEN_ODDS,
+                "the termination network": chance_of_state[ends] > EVEN_ODDS}
+    chance = np.maximum(chance_of_step, chance_of_state)
+    lengths = np.bincount(episode_of, minlength=count)
+    expected = [np.cumprod(np.concatenate([[1.0], 1 - chance[episode_of == e][:-1]])).sum() for e in range(count)]
     print(f"[{label}] {count} real episodes, {len(obs)} steps: the reward of the steps that go on summed per episode, "
           f"in the env {rewards[goes_on].sum() / count:.1f}, by each network "
           + ", ".join(f"{network.sum() / count:.1f}" for network in predicted)
@@ -156,6 +165,10 @@ def print_on_real_episodes(label: str, model: DynamicsEnsemble, act, card: datas
           + "; the networks' disagreement, median "
           + f"{np.median(model.disagreement(outputs)):.2f} (the halt's limit {model.disagreement_limit:.2f})",
           flush=True)
+    print(f"[{label}] the chance of ending the model gives the real steps that go on: mean {chance[goes_on].mean():.4f}"
+          f", median {np.median(chance[goes_on]):.4f}, 99th percentile {np.quantile(chance[goes_on], 0.99):.3f}; "
+          f"the episodes' lengths in the env, mean {lengths.mean():.0f}, expected by those chances "
+          f"{np.mean(expected):.0f}", flush=True)
 
 
 def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[int, float], np.ndarray]:
