@@ -105,6 +105,13 @@ class OPEConfig:
     """Passes over the logged transitions each dynamics network makes, at least: on large datasets `model_updates`
     alone would see each transition once or less, and the model's dynamics drift (benchmarks/README.md, "The model's
     hopper fell early")."""
+    model_unroll_steps: int = 1
+    """Steps ahead each dynamics network learns to predict from its own predictions: 1, one step at a time alone; K > 1,
+    after that fit, `model_unroll_updates` more on K-step stretches of logged episodes, each step from the state the
+    network predicted and the loss on every step's state against the logged one (a multi-step loss), so that the
+    errors that compound over a rollout are fitted against (benchmarks/README.md, "The walker the model let fall")."""
+    model_unroll_updates: int = 2000
+    """Gradient steps of each dynamics network on K-step stretches, where `model_unroll_steps` is K > 1."""
     model_halt_quantile: float = 1.0
     """A model rollout halts, counting for the rest the lowest return-to-go logged at that step, where its networks'
     predictions part more than on this share of the logged transitions (1: more than on any of them): the policy has
@@ -121,6 +128,7 @@ class OPEConfig:
     def __post_init__(self):
         require_positive(self, "gamma", "lr", "batch_size", "updates_per_iteration", "bootstrap_samples",
                          "min_effective_episodes", "model_ensemble", "model_updates", "model_epochs",
+                         "model_unroll_steps", "model_unroll_updates",
                          "fqe_heads")
         if self.gamma > 1:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")

@@ -18,6 +18,12 @@ let them all fly on, earning rewards to the time limit (measured on LunarLander,
 Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a policy better than every logged
 episode; it is held only within the logged states and rewards, step by step.
 
+A rollout feeds each network its own predictions, step after step, and errors too small to see in one step compound:
+on Hopper a network that predicts a walker's every step within a few percent of its standard deviation lets it fall
+within 200 steps where the walker goes on for 1,000 (benchmarks/README.md). `model_unroll_steps` > 1 then fits each
+network, after its one-step fit, on stretches of logged steps unrolled from its own predictions (a multi-step loss, as
+in Lambert et al. 2021, "Learning accurate long-term dynamics for model-based reinforcement learning").
+
 Where the policy leads a rollout away from the data, the networks' guesses part: a rollout halts where they disagree
 more than they do on all but `model_halt_quantile`'s share of the logged transitions that go on, and counts for the rest
 of the share that goes on the lowest return-to-go logged at the same step of an episode, a pessimistic end as in MOReL's
@@ -38,6 +44,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from common.errors import UserError
 from dataset_format import Col
 from evaluation.config import OPEConfig
 from evaluation.estimators import Episodes, mlp
@@ -46,6 +53,8 @@ from evaluation.estimators import Episodes, mlp
 CALIBRATION_ROWS = 50_000
 # A rollout whose chance of not having ended falls below this stops: the rest of it would count for that little.
 NEGLIGIBLE_CHANCE = 1e-3
+# The multi-step fit (`model_unroll_steps`) refines networks the one-step fit has brought close, at this share of `lr`.
+UNROLL_LR_SHARE = 0.3
 
 
 class DynamicsEnsemble:
@@ -159,9 +168,10 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `dynamics_updates` steps on its own resample (with
     replacement) of the transitions that do not end an episode, by squared error on the normalized state change and
-    reward; then the termination network, by cross-entropy on every logged next state; and where logged steps end
-    episodes, the ending's chance by cross-entropy on every step, and its reward by squared error on those steps.
-    `num_actions` is the size of a Discrete action space (None for Box)."""
+    reward, and where `config.model_unroll_steps` > 1, then on that many steps unrolled (`_fit_unrolled`) from the
+    rows of its resample that start such a stretch; then the termination network, by cross-entropy on every logged
+    next state; and where logged steps end episodes, the ending's chance by cross-entropy on every step, and its
+    reward by squared error on those steps. `num_actions` is the size of a Discrete action space (None for Box)."""
     a = episodes.arrays
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -171,6 +181,12 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     inputs = every_input[torch.as_tensor(model.goes_on)]
     targets = torch.as_tensor(model.targets(a)[model.goes_on])
     rows = len(targets)
+    goes_on_rows = np.flatnonzero(model.goes_on)
+    stretches = _stretch_starts(episodes, model.goes_on, config.model_unroll_steps)
+    if not stretches.any():
+        raise UserError(f"ope.model_unroll_steps {config.model_unroll_steps}: no logged episode goes on for that "
+                        f"many steps (the longest lasts {episodes.lengths.max()}); lower it, or set 1 to fit one step "
+                        "at a time alone")
     updates = dynamics_updates(len(every_input), config)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
@@ -178,6 +194,10 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
         resample = torch.as_tensor(resamples.integers(rows, size=rows))
         loss = _fit(network, inputs, targets, torch.nn.functional.mse_loss,
                     lambda r=resample, draw=_draws(rows, config, generator): r[draw()], updates, config.lr)
+        if config.model_unroll_steps > 1:
+            resampled = goes_on_rows[resample.numpy()]
+            loss = _fit_unrolled(network, model, episodes, resampled[stretches[resampled]], every_input, config,
+                                 generator)
         model.networks.append(network.eval())
         progress(member, networks, loss)
     terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]
@@ -200,7 +220,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
         model.ending_chance.eval()
         model.ending_reward.eval()
     progress(networks, networks, loss)
-    logged = np.flatnonzero(model.goes_on)[resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)]
+    logged = goes_on_rows[resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)]
     disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
     model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
     return model
@@ -260,6 +280,42 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss.backward()
         optimizer.step()
     return loss.item()
+
+
+def _fit_unrolled(network: torch.nn.Module, model: DynamicsEnsemble, episodes: Episodes, starts: np.ndarray,
+                  every_input: torch.Tensor, config: OPEConfig, generator: torch.Generator) -> float:
+    """`config.model_unroll_updates` Adam steps of a network on stretches of `config.model_unroll_steps` logged steps
+    that go on, from the rows `starts`: each step from the state it predicted the step before, with the logged
+    action, and the loss the squared error of every step's state and reward against the logged ones, normalized as
+    the one-step fit's (which it equals at one step); the last batch's loss."""
+    a, steps = episodes.arrays, config.model_unroll_steps
+    dims = len(model.next_obs_mean)
+    obs, next_obs = (torch.as_tensor(np.asarray(a[column], dtype=np.float32)) for column in (Col.OBS, Col.NEW_OBS))
+    rewards = torch.as_tensor(model.targets(a)[:, -1])
+    obs_mean, obs_std = torch.as_tensor(model.feature_mean[:dims]), torch.as_tensor(model.feature_std[:dims])
+    change_mean, change_std = torch.as_tensor(model.target_mean[:-1]), torch.as_tensor(model.target_std[:-1])
+    draw = _draws(len(starts), config, generator)
+    optimizer = torch.optim.Adam(network.parameters(), lr=config.lr * UNROLL_LR_SHARE)
+    for _ in range(config.model_unroll_updates):
+        rows = torch.as_tensor(starts)[draw()]
+        state, loss = obs[rows], 0.0
+        for step in range(steps):
+            out = network(torch.cat([(state - obs_mean) / obs_std, every_input[rows + step, dims:]], dim=1))
+            state = state + out[:, :-1] * change_std + change_mean
+            errors = torch.cat([(state - next_obs[rows + step]) / change_std,
+                                (out[:, -1] - rewards[rows + step])[:, None]], dim=1)
+            loss = loss + (errors**2).mean() / steps
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+def _stretch_starts(episodes: Episodes, goes_on: np.ndarray, steps: int) -> np.ndarray:
+    """Per logged row, whether `steps` steps from it lie in its episode and go on (an ending is an episode's last
+    step, so the last of them going on says all do)."""
+    last = np.minimum(np.arange(len(goes_on)) + steps - 1, len(goes_on) - 1)
+    return (episodes.step_of_rows + steps <= np.repeat(episodes.lengths, episodes.lengths)) & goes_on[last]
 
 
 def _draws(rows: int, config: OPEConfig, generator: torch.Generator) -> Callable[[], torch.Tensor]:

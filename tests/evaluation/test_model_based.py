@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
+from common.errors import UserError
 from dataset_format import Col, read_card
 from evaluation.config import MODEL, OPEConfig
 from evaluation.estimators import Episodes
@@ -65,6 +66,23 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
         # Every move the policies make, the data shows: only the small chance of going on past the end halts
         assert halted.max() < 0.05
     assert model.return_range(50) == (0.0, 50.0)  # rewards of 1: up to the horizon's steps
+
+
+def test_networks_fitted_on_unrolled_stretches_still_give_each_policys_steps_to_the_end():
+    config = dataclasses.replace(CONFIG, model_unroll_steps=3, model_unroll_updates=500)
+    model = fit_dynamics(logged_episodes(300), 2, config, lambda *_: None)
+    starts = np.array([[0.25], [0.9], [1.7]], dtype=np.float32)
+    for action in (0, 1):
+        returns, _ = rollout_returns(model, lambda obs, a=action: np.full(len(obs), a), starts, horizon=50,
+                                     gamma=1.0)
+        np.testing.assert_allclose(returns.mean(axis=1), [steps_to_end(float(s), action) for s in starts[:, 0]],
+                                   atol=0.6)
+
+
+def test_unrolling_more_steps_than_any_episode_goes_on_is_refused_in_one_line():
+    episodes = logged_episodes(20)  # every episode ends within 6 steps
+    with pytest.raises(UserError, match="ope.model_unroll_steps 7: no logged episode goes on for that many steps"):
+        fit_dynamics(episodes, 2, dataclasses.replace(CONFIG, model_unroll_steps=7), lambda *_: None)
 
 
 def test_a_step_past_the_end_surely_terminates_and_its_state_is_held_within_the_logged_ones():
@@ -156,7 +174,8 @@ def test_each_network_passes_over_a_large_dataset_model_epochs_times():
 
 @pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_epochs", 0),
                                          ("model_hidden_layers", []), ("model_halt_quantile", 0),
-                                         ("model_halt_quantile", 1.5)])
+                                         ("model_halt_quantile", 1.5), ("model_unroll_steps", 0),
+                                         ("model_unroll_updates", 0)])
 def test_bad_model_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         OPEConfig(**{field: value})
