@@ -290,7 +290,7 @@ def _fit_unrolled(network: torch.nn.Module, model: DynamicsEnsemble, episodes: E
     the one-step fit's (which it equals at one step); the last batch's loss."""
     a, steps = episodes.arrays, config.model_unroll_steps
     dims = len(model.next_obs_mean)
-    obs, next_obs = (torch.as_tensor(np.asarray(a[column], dtype=np.float32)) for column in (Col.OBS, Col.NEW_OBS))
+    obs, next_obs = (torch.as_tensor(np.array(a[column], dtype=np.float32)) for column in (Col.OBS, Col.NEW_OBS))
     rewards = torch.as_tensor(model.targets(a)[:, -1])
     obs_mean, obs_std = torch.as_tensor(model.feature_mean[:dims]), torch.as_tensor(model.feature_std[:dims])
     change_mean, change_std = torch.as_tensor(model.target_mean[:-1]), torch.as_tensor(model.target_std[:-1])

@@ -70,7 +70,12 @@ def test_rollouts_in_the_learned_dynamics_give_each_policys_steps_to_the_end():
 
 def test_networks_fitted_on_unrolled_stretches_still_give_each_policys_steps_to_the_end():
     config = dataclasses.replace(CONFIG, model_unroll_steps=3, model_unroll_updates=500)
-    model = fit_dynamics(logged_episodes(300), 2, config, lambda *_: None)
+    episodes = logged_episodes(300)
+    for column in episodes.arrays.values():
+        column.flags.writeable = False  # as columns read from Parquet are
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = fit_dynamics(episodes, 2, config, lambda *_: None)
     starts = np.array([[0.25], [0.9], [1.7]], dtype=np.float32)
     for action in (0, 1):
         returns, _ = rollout_returns(model, lambda obs, a=action: np.full(len(obs), a), starts, horizon=50,
