@@ -168,7 +168,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                  progress: Callable[[int, int, float], None]) -> DynamicsEnsemble:
     """`config.model_ensemble` networks, each fitted for `dynamics_updates` steps on its own resample (with
     replacement) of the transitions that do not end an episode, by squared error on the normalized state change and
-    reward, and where `config.model_unroll_steps` > 1, then on that many steps unrolled (`_fit_unrolled`) from the
+    reward, and where `config.model_unroll_steps` > 1, then on that many steps unrolled (`_unrolled_fit`) from the
     rows of its resample that start such a stretch; then the termination network, by cross-entropy on every logged
     next state; and where logged steps end episodes, the ending's chance by cross-entropy on every step, and its
     reward by squared error on those steps. `num_actions` is the size of a Discrete action space (None for Box)."""
@@ -182,11 +182,13 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     targets = torch.as_tensor(model.targets(a)[model.goes_on])
     rows = len(targets)
     goes_on_rows = np.flatnonzero(model.goes_on)
-    stretches = _stretch_starts(episodes, model.goes_on, config.model_unroll_steps)
-    if not stretches.any():
-        raise UserError(f"ope.model_unroll_steps {config.model_unroll_steps}: no logged episode goes on for that "
-                        f"many steps (the longest lasts {episodes.lengths.max()}); lower it, or set 1 to fit one step "
-                        "at a time alone")
+    if config.model_unroll_steps > 1:
+        stretches = _stretch_starts(episodes, model.goes_on, config.model_unroll_steps)
+        if not stretches.any():
+            raise UserError(f"ope.model_unroll_steps {config.model_unroll_steps}: no logged episode goes on for that "
+                            f"many steps (the longest lasts {episodes.lengths.max()}); lower it, or set 1 to fit one "
+                            "step at a time alone")
+        fit_unrolled = _unrolled_fit(model, episodes, every_input, config, generator)
     updates = dynamics_updates(len(every_input), config)
     networks = config.model_ensemble + 1  # and the termination network
     for member in range(1, networks):
@@ -196,8 +198,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
                     lambda r=resample, draw=_draws(rows, config, generator): r[draw()], updates, config.lr)
         if config.model_unroll_steps > 1:
             resampled = goes_on_rows[resample.numpy()]
-            loss = _fit_unrolled(network, model, episodes, resampled[stretches[resampled]], every_input, config,
-                                 generator)
+            loss = fit_unrolled(network, resampled[stretches[resampled]])
         model.networks.append(network.eval())
         progress(member, networks, loss)
     terminated = torch.as_tensor(~model.goes_on, dtype=torch.float32)[:, None]
@@ -282,33 +283,37 @@ def _fit(network: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     return loss.item()
 
 
-def _fit_unrolled(network: torch.nn.Module, model: DynamicsEnsemble, episodes: Episodes, starts: np.ndarray,
-                  every_input: torch.Tensor, config: OPEConfig, generator: torch.Generator) -> float:
-    """`config.model_unroll_updates` Adam steps of a network on stretches of `config.model_unroll_steps` logged steps
-    that go on, from the rows `starts`: each step from the state it predicted the step before, with the logged
+def _unrolled_fit(model: DynamicsEnsemble, episodes: Episodes, every_input: torch.Tensor, config: OPEConfig,
+                  generator: torch.Generator) -> Callable[[torch.nn.Module, np.ndarray], float]:
+    """A fit of a network by `config.model_unroll_updates` Adam steps on stretches of `config.model_unroll_steps`
+    logged steps that go on, from given rows: each step from the state it predicted the step before, with the logged
     action, and the loss the squared error of every step's state and reward against the logged ones, normalized as
-    the one-step fit's (which it equals at one step); the last batch's loss."""
+    the one-step fit's (which it equals at one step); it gives the last batch's loss. The logged columns it unrolls
+    over are read once, for every network."""
     a, steps = episodes.arrays, config.model_unroll_steps
     dims = len(model.next_obs_mean)
     obs, next_obs = (torch.as_tensor(np.array(a[column], dtype=np.float32)) for column in (Col.OBS, Col.NEW_OBS))
-    rewards = torch.as_tensor(model.targets(a)[:, -1])
+    normalized_rewards = torch.as_tensor(model.targets(a)[:, -1])
     obs_mean, obs_std = torch.as_tensor(model.feature_mean[:dims]), torch.as_tensor(model.feature_std[:dims])
     change_mean, change_std = torch.as_tensor(model.target_mean[:-1]), torch.as_tensor(model.target_std[:-1])
-    draw = _draws(len(starts), config, generator)
-    optimizer = torch.optim.Adam(network.parameters(), lr=config.lr * UNROLL_LR_SHARE)
-    for _ in range(config.model_unroll_updates):
-        rows = torch.as_tensor(starts)[draw()]
-        state, loss = obs[rows], 0.0
-        for step in range(steps):
-            out = network(torch.cat([(state - obs_mean) / obs_std, every_input[rows + step, dims:]], dim=1))
-            state = state + out[:, :-1] * change_std + change_mean
-            errors = torch.cat([(state - next_obs[rows + step]) / change_std,
-                                (out[:, -1] - rewards[rows + step])[:, None]], dim=1)
-            loss = loss + (errors**2).mean() / steps
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return loss.item()
+
+    def fit(network: torch.nn.Module, starts: np.ndarray) -> float:
+        draw = _draws(len(starts), config, generator)
+        optimizer = torch.optim.Adam(network.parameters(), lr=config.lr * UNROLL_LR_SHARE)
+        for _ in range(config.model_unroll_updates):
+            rows = torch.as_tensor(starts)[draw()]
+            state, loss = obs[rows], 0.0
+            for step in range(steps):
+                out = network(torch.cat([(state - obs_mean) / obs_std, every_input[rows + step, dims:]], dim=1))
+                state = state + out[:, :-1] * change_std + change_mean
+                errors = torch.cat([(state - next_obs[rows + step]) / change_std,
+                                    (out[:, -1] - normalized_rewards[rows + step])[:, None]], dim=1)
+                loss = loss + (errors**2).mean() / steps
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return loss.item()
+    return fit
 
 
 def _stretch_starts(episodes: Episodes, goes_on: np.ndarray, steps: int) -> np.ndarray:
