@@ -320,7 +320,7 @@ def _stretch_starts(episodes: Episodes, goes_on: np.ndarray, steps: int) -> np.n
     """Per logged row, whether `steps` steps from it lie in its episode and go on (an ending is an episode's last
     step, so the last of them going on says all do)."""
     last = np.minimum(np.arange(len(goes_on)) + steps - 1, len(goes_on) - 1)
-    return (episodes.step_of_rows + steps <= np.repeat(episodes.lengths, episodes.lengths)) & goes_on[last]
+    return (episodes.step_of_rows + steps <= episodes.lengths[episodes.episode_of_rows]) & goes_on[last]
 
 
 def _draws(rows: int, config: OPEConfig, generator: torch.Generator) -> Callable[[], torch.Tensor]:
