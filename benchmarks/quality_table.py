@@ -41,7 +41,6 @@ from collectors.config import PolicyConfig
 from collectors.rollout import episode_seeds, rollout_returns
 from common.errors import UserError
 from common.ray_runtime import start_ray
-from evaluation.evaluate import measure_references
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.registry import (
@@ -64,17 +63,25 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
            *dict.fromkeys([*D3RLPY_COUNTERPART, *D3RLPY_CONTINUOUS_COUNTERPART])]
 
 
-def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path) -> None:
-    """Trains for params' iterations, with a progress line every tenth of them (a cell can take an hour)."""
+def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path,
+               seconds: float | None) -> int:
+    """Trains for params' iterations, or until the first iteration that ends past `seconds`; returns the gradient
+    updates made. A progress line after the first iteration (it loads the data) and every tenth of them (a cell can
+    take an hour)."""
     algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
     started, every = time.monotonic(), max(1, params.iterations // 10)
     try:
         for iteration in range(1, params.iterations + 1):
             algorithm.train()
-            if iteration % every == 0:
+            elapsed = time.monotonic() - started
+            if iteration == 1 or iteration % every == 0:
                 print(f"[train {algo} {dataset_dir.name} seed {seed}] iteration {iteration}/{params.iterations} "
-                      f"({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+                      f"({elapsed:.0f}s, {iteration * params.updates_per_iteration * params.batch_size / elapsed:,.0f}"
+                      " samples/s)", file=sys.stderr, flush=True)
+            if seconds is not None and elapsed > seconds:
+                break
         algorithm.save_to_path(checkpoint.resolve())
+        return iteration * params.updates_per_iteration
     finally:
         algorithm.stop()
         del algorithm
@@ -115,7 +122,8 @@ def field_value(text: str) -> tuple[str, object]:
 
 def markdown(results: dict, columns: list[str]) -> str:
     """The table; a cell trained with more updates than params.yaml's or another hyper-parameter value (`per_dataset`
-    or `--set`), evaluated sampling its actions, or on more or fewer seeds than most cells, says so in parentheses."""
+    or `--set`), for a time budget, evaluated sampling its actions, or on more or fewer seeds than most cells, says
+    so in parentheses."""
     lines = ["| env | dataset | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     seed_counts = [len(scores) for entry in results.values() for column, scores in entry["scores"].items()
                    if column != "behaviour"]
@@ -132,11 +140,19 @@ def markdown(results: dict, columns: list[str]) -> str:
             notes = ([f"×{scale}"] if scale != 1 else []) + [
                 f"{field} {value}" for field, value in entry.get("overrides", {}).get(column, {}).items()] + (
                 ["sampled"] if entry.get("sampled", {}).get(column) else []) + (
+                [budget_note(entry, column)] if entry.get("train_seconds", {}).get(column) else []) + (
                 [f"{len(scores)} seed{'s' * (len(scores) != 1)}"] if column != "behaviour" and len(scores) != usual_seeds
                 else [])
             cells[-1] += f" ({', '.join(notes)})" if notes else ""
         lines.append(f"| {entry['env_id']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def budget_note(entry: dict, column: str) -> str:
+    """The updates a time-budgeted cell's seeds made (`--train-seconds`)."""
+    made = entry.get("updates_made", {}).get(column, {}).values()
+    updates = f"{min(made):,}" if min(made) == max(made) else f"{min(made):,}-{max(made):,}"
+    return f"{updates} updates, a {entry['train_seconds'][column]:.0f}s budget"
 
 
 def plot(results: dict, columns: list[str], path: Path) -> None:
@@ -180,6 +196,9 @@ def main() -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
                         help="a hyper-parameter's value for every measured learner that has it, instead of "
                              "params.yaml's (e.g. beta=0.1); the cells say so")
+    parser.add_argument("--train-seconds", type=float,
+                        help="our learners stop after the first iteration that ends past this many seconds (a lent "
+                             "machine's fixed time); each cell records the updates its seeds made")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
     parser.add_argument("--sample-actions", action="store_true",
@@ -190,6 +209,9 @@ def main() -> None:
         parser.error(f"--sample-actions needs --algos naming only {', '.join(POLICY_ALGOS)}: the Q-learners' "
                      "policy is the greedy one, and d3rlpy's DiscreteBC only acts greedily")
 
+    if args.train_seconds is not None and not args.no_d3rlpy and (
+            args.algos is None or any(column.startswith("d3rlpy") for column in args.algos)):
+        parser.error("--train-seconds applies to our learners only: add --no-d3rlpy, or --algos without d3rlpy's")
     params = load_params(args.params)
     counterpart = {**D3RLPY_COUNTERPART, **D3RLPY_CONTINUOUS_COUNTERPART}
     for field, _ in args.set:
@@ -208,6 +230,8 @@ def main() -> None:
         try:
             reference = read_reference(args.references, card.env.label, params.evaluate)
         except UserError:  # not measured by the pipeline yet: measure it here, on the same seeds
+            from evaluation.evaluate import measure_references  # it imports MLflow, which a lent GPU machine lacks
+
             measure_references([card.env], params.references, params.evaluate, args.references)
             reference = read_reference(args.references, card.env.label, params.evaluate)
         if CEILING not in reference:
@@ -227,7 +251,8 @@ def main() -> None:
                          **{field: value for field, value in args.set if hasattr(configured, field)}}
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
-            settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions}
+            settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
+                        "train_seconds": args.train_seconds}
             scores = kept_scores(entry, column, settings)
             for key, value in settings.items():
                 entry.setdefault(key, {})[column] = value
@@ -238,7 +263,9 @@ def main() -> None:
                     returns = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed, eval_seeds)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
-                        train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint")
+                        updates = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
+                                             args.train_seconds)
+                        entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
