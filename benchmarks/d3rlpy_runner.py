@@ -76,12 +76,21 @@ def image_stack(card: dict) -> tuple[int, int, int] | None:
     return tuple(space["shape"])
 
 
+def image_rows(column: pa.Array) -> np.ndarray:
+    """A column of images as uint8 values, stored one binary value each (schema version 2) or as lists (version 1);
+    dataset_format's `column_to_numpy`, which this virtualenv cannot import."""
+    if pa.types.is_fixed_size_binary(column.type):
+        width = column.type.byte_width
+        return np.frombuffer(column.buffers()[1], np.uint8, len(column) * width, column.offset * width)
+    return column.flatten().to_numpy()
+
+
 def newest_frames(files: list[Path], stack: tuple[int, int, int]) -> np.ndarray:
     """(transitions, 1, height, width) uint8: the last frame of each stack, read a row group at a time."""
     parts = []
     for path in files:
         for batch in pq.ParquetFile(path).iter_batches(columns=["obs"]):
-            values = batch.column(0).flatten().to_numpy().reshape(len(batch), *stack)
+            values = image_rows(batch.column(0)).reshape(len(batch), *stack)
             parts.append(values[:, -1:].copy())
     return np.concatenate(parts)
 

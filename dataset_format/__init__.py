@@ -36,6 +36,7 @@ from dataset_format.schema import (
     require_storable,
     space_from_dict,
     space_to_dict,
+    stored_as_bytes,
     transitions_table,
 )
 from dataset_format.validation import validate
@@ -71,6 +72,7 @@ __all__ = [
     "space_from_dict",
     "require_storable",
     "space_to_dict",
+    "stored_as_bytes",
     "summarize",
     "torch_dataloader",
     "transitions_table",

@@ -19,9 +19,15 @@ from common.code_version import code_version, library_versions
 from common.envs import EnvSpec
 from common.errors import UserError
 from dataset_format.location import Location, locate
-from dataset_format.schema import Col, arrow_schema, column_to_numpy, space_from_dict, space_to_dict
+from dataset_format.schema import (
+    SCHEMA_VERSION,
+    Col,
+    arrow_schema,
+    column_to_numpy,
+    space_from_dict,
+    space_to_dict,
+)
 
-SCHEMA_VERSION = 1
 CARD_FILE = "_card.json"
 
 
@@ -104,7 +110,7 @@ class DatasetCard:
         return Col.ACTION_LOGP in self.columns
 
     def schema(self) -> pa.Schema:
-        return arrow_schema(*self.spaces, with_logp=self.has_action_logp)
+        return arrow_schema(*self.spaces, with_logp=self.has_action_logp, schema_version=self.schema_version)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -138,9 +144,9 @@ def read_card(path: str | os.PathLike | Location) -> DatasetCard:
     try:
         data = json.loads(location.read_text(CARD_FILE))
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in range(1, SCHEMA_VERSION + 1):
             raise UserError(
-                f"{card_path}: schema_version {version} is not supported (this code reads {SCHEMA_VERSION}); "
+                f"{card_path}: schema_version {version} is not supported (this code reads 1 to {SCHEMA_VERSION}); "
                 "re-collect the dataset with this version"
             )
         names = {f.name for f in dataclasses.fields(DatasetCard)}

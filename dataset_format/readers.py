@@ -90,7 +90,7 @@ def load_arrays(path: DatasetPath) -> dict[str, np.ndarray]:
 
 
 def load_pandas(path: DatasetPath):
-    """A pandas DataFrame, one row per transition (obs cells are numpy arrays); the same as
+    """A pandas DataFrame, one row per transition (obs cells are numpy arrays, or an image's bytes); the same as
     `pd.read_parquet(path)`, validated."""
     return load_table(path).to_pandas()
 

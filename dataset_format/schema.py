@@ -6,7 +6,9 @@ so stock RLlib reads a dataset as-is:
     eps_id  int64                          global episode index (also its seed index)
     t       int32                          step within the episode, 0-based
     obs     fixed_size_list<T>[d]          observation before the step, flattened: T is float32 for a Box of floats,
-                                           else the Box's own dtype (uint8 pixels stay uint8); the card has its shape.
+                                           else the Box's own dtype; the card has its shape.
+            | fixed_size_binary(d)         an image (a uint8 Box of 2 or more dimensions, since schema version 2): the
+                                           observation's d bytes as one value, in the card's shape
             | int64                        a Discrete observation (FrozenLake's cell, Taxi's state)
     actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
     rewards float32
@@ -24,6 +26,9 @@ import numpy as np
 import pyarrow as pa
 
 from common.errors import UserError
+
+SCHEMA_VERSION = 2
+"""Version 2 stores images as one binary value per observation; version 1 (read still) as lists of bytes."""
 
 
 class Col:
@@ -103,10 +108,20 @@ def observation_value_type(space: gym.spaces.Box) -> pa.DataType:
     return pa.float32() if np.issubdtype(space.dtype, np.floating) else pa.from_numpy_dtype(space.dtype)
 
 
-def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool) -> pa.Schema:
-    """The exact Arrow schema of a dataset with these spaces."""
+def stored_as_bytes(space: gym.Space) -> bool:
+    """Images (uint8 Boxes of 2 or more dimensions) are stored as one binary value per observation: Parquet stores a
+    list column value by value, a level beside each, which made writing and reading frames 10-30x slower than the
+    same bytes as one value (benchmarks/README.md, "Frames as bytes")."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) >= 2
+
+
+def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool,
+                 schema_version: int = SCHEMA_VERSION) -> pa.Schema:
+    """The exact Arrow schema of a dataset with these spaces, as `schema_version` writes it."""
     if isinstance(observation_space, gym.spaces.Discrete):
         obs_type = pa.int64()
+    elif stored_as_bytes(observation_space) and schema_version >= 2:
+        obs_type = pa.binary(flat_dim(observation_space))
     else:
         obs_type = pa.list_(observation_value_type(observation_space), flat_dim(observation_space))
     if isinstance(action_space, gym.spaces.Discrete):
@@ -129,6 +144,9 @@ def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_log
 
 
 def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    if pa.types.is_fixed_size_binary(arrow_type):
+        flat = np.ascontiguousarray(values, dtype=np.uint8)
+        return pa.FixedSizeBinaryArray.from_buffers(arrow_type, len(flat), [None, pa.py_buffer(flat)])
     if pa.types.is_fixed_size_list(arrow_type):
         flat = np.ascontiguousarray(values, dtype=arrow_type.value_type.to_pandas_dtype()).reshape(len(values), -1)
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
@@ -143,9 +161,14 @@ def transitions_table(columns: dict[str, np.ndarray], schema: pa.Schema) -> pa.T
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A column as numpy; fixed-size-list columns become 2-D arrays without per-row Python."""
+    """A column as numpy; fixed-size-list and fixed-size-binary (uint8) columns become 2-D arrays without per-row
+    Python."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    if pa.types.is_fixed_size_binary(column.type):
+        width = column.type.byte_width
+        return np.frombuffer(column.buffers()[1], np.uint8, len(column) * width, column.offset * width).reshape(
+            len(column), width)
     if pa.types.is_fixed_size_list(column.type):
         return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
     return column.to_numpy(zero_copy_only=False)

@@ -160,14 +160,15 @@ def train_columns(algorithm, rows: int) -> dict:
 
 
 def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 3, length: int = 9,
-                       stack: int = 4, frame_shape: tuple[int, int] = (12, 10)) -> Path:
+                       stack: int = 4, frame_shape: tuple[int, int] = (12, 10),
+                       schema_version: int = dataset.SCHEMA_VERSION) -> Path:
     """A dataset of random grey frames stacked as Gymnasium's FrameStackObservation stacks them (the first frame
     repeated before an episode's start), on the first axis or, with `channels_first` False, the last; each episode
-    its own file."""
+    its own file, as `schema_version` stores images."""
     rng = np.random.default_rng(0)
     shape = (stack, *frame_shape) if channels_first else (*frame_shape, stack)
     observation_space, action_space = gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(3)
-    schema = dataset.arrow_schema(observation_space, action_space, with_logp=False)
+    schema = dataset.arrow_schema(observation_space, action_space, with_logp=False, schema_version=schema_version)
 
     def episode(eps_id: int) -> pa.Table:
         frames = rng.integers(0, 256, (length + 1, *frame_shape), dtype=np.uint8)
@@ -184,7 +185,7 @@ def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 
         name=path.name, env_id=None, observation_space=dataset.space_to_dict(observation_space),
         action_space=dataset.space_to_dict(action_space), behavior_policy={"kind": "logged"}, seed=None,
         episodes=episodes, transitions=0, returns={}, episode_length={}, files=[], columns=schema.names,
-        code_version="tests", library_versions={})
+        code_version="tests", library_versions={}, schema_version=schema_version)
     dataset.write_tables((episode(i) for i in range(episodes)), path, card, file_bytes=1)
     return path
 
