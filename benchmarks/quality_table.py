@@ -64,7 +64,7 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path,
-               seconds: float | None) -> int:
+               seconds: float | None = None) -> int:
     """Trains for params' iterations, or until the first iteration that ends past `seconds`; returns the gradient
     updates made. A progress line after the first iteration (it loads the data) and every tenth of them (a cell can
     take an hour)."""
