@@ -1,10 +1,10 @@
 """Images stored as lists of bytes (dataset schema version 1) against one binary value each (version 2): the same
 rows written, validated and read back both ways in one run, each step's time in the two and their ratio.
 
-The rows of `--dataset` (an image dataset of either version; `--files`: its first files) are held in memory, then written as each version into
-a temporary directory with the writer's settings (zstd, row groups of about 32 MiB). Then, on each copy: the checks
-every reader runs (`validate`), what training and `orl ope` hold in memory (`read_frames`), and the `obs` column of
-every row group, read as a stream reads it and made a uint8 array.
+The rows of `--dataset` (an image dataset of either version; with `--files`, of its first files) are held in memory,
+then written as each version into a temporary directory with the writer's settings (zstd, row groups of about 32 MiB).
+Then, on each copy: the checks every reader runs (`validate`), what training and `orl ope` hold in memory
+(`read_frames`), and the `obs` column of every row group, read as a stream reads it and made a uint8 array.
 
     python -m benchmarks.frame_storage --dataset DATASET --files 3
 """

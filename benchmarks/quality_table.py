@@ -17,7 +17,8 @@ adds a seed to a cell of seed 0).
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
 evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of
-greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax).
+greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our learners at a time
+budget instead of params.yaml's iterations, for a machine lent for a fixed time (benchmarks/gpu_lease/).
 """
 
 from __future__ import annotations

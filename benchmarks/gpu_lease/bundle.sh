@@ -4,7 +4,7 @@
 # working tree (`carry: [".gpu"]`; 64 MiB in all, the tracked files included):
 #   site312.tar.xz  the missing packages at requirements.lock's versions, their cp312 wheels unpacked, Ray's Java jars
 #                   and dashboard build left out (37 MB), and a dist-info that gives this project's version
-#   datasets/NAME   the dataset, collected here (Pong's frames: about 115 bytes a transition on disk)
+#   datasets/NAME   the dataset, collected here (Pong's frames: about 160 bytes a transition on disk)
 #   references/     its env's references, measured here (`orl reference`)
 #   params.yaml     benchmarks/atari/params.yaml for four quality_table runs at once on the lent machine (16 cores)
 # Run from the repository root, in its virtualenv:
@@ -24,7 +24,8 @@ for wheel in .gpu/wheels/*.whl; do unzip -q -o "$wheel" -d .gpu/site; done
 rm -rf .gpu/site/ray/jars .gpu/site/ray/dashboard/client
 version=$(python -c "from importlib import metadata; print(metadata.version('offline-rl-pipeline'))")
 info=.gpu/site/offline_rl_pipeline-$version.dist-info  # datasets record the code's version (common/code_version.py)
-mkdir -p "$info" && printf 'Metadata-Version: 2.1\nName: offline-rl-pipeline\nVersion: %s\n' "$version" >"$info/METADATA"
+mkdir -p "$info"
+printf 'Metadata-Version: 2.1\nName: offline-rl-pipeline\nVersion: %s\n' "$version" >"$info/METADATA"
 tar -C .gpu/site -cf - . | xz -T0 -6 >.gpu/site312.tar.xz
 rm -rf .gpu/wheels .gpu/site
 cp -r "$dataset" .gpu/datasets/ && cp -r "$references" .gpu/references
