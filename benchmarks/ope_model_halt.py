@@ -185,7 +185,7 @@ def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[
         alive = np.flatnonzero(episodes.lengths > step)
         rows = episodes.starts[alive] + step
         outputs = model.outputs(obs[alive], a[Col.ACTIONS][rows])
-        next_obs, _, ends = model.step(outputs[0], obs[alive], model.ending(obs[alive], a[Col.ACTIONS][rows]))
+        next_obs, _, ends, _ = model.step(outputs[0], obs[alive], model.ending(obs[alive], a[Col.ACTIONS][rows]))
         ended[alive[ends > EVEN_ODDS]] = True
         obs[alive] = next_obs
         if step + 1 in REPLAY_STEPS:

@@ -116,6 +116,11 @@ class OPEConfig:
     """A model rollout halts, counting for the rest the lowest return-to-go logged at that step, where its networks'
     predictions part more than on this share of the logged transitions (1: more than on any of them): the policy has
     led it where the data says nothing (evaluation/model_based.py)."""
+    model_halt_margin: float | None = None
+    """A model rollout also halts, as where its networks part, where a state it reaches lies outside the logged
+    states' range by more than this share of the range, in any dimension: null, it is held within that range and goes
+    on (a lander the model flew off the logged map then hovers at its edge, earning its penalties for the rest of the
+    horizon; benchmarks/README.md, "Rollouts that leave the map")."""
     bootstrap_samples: int = 200
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95
@@ -134,6 +139,8 @@ class OPEConfig:
             raise ValueError(f"gamma must be <= 1, got {self.gamma}")
         if not 0 <= self.held_out_fraction < 1:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.model_halt_margin is not None and self.model_halt_margin < 0:
+            raise ValueError(f"model_halt_margin must be >= 0 or null, got {self.model_halt_margin}")
         if not 0 < self.model_halt_quantile <= 1:
             raise ValueError(f"model_halt_quantile must be in (0, 1], got {self.model_halt_quantile}")
         if not 0 < self.confidence < 1:

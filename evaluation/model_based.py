@@ -30,7 +30,10 @@ of the share that goes on the lowest return-to-go logged at the same step of an 
 pessimistic MDP (Kidambi et al. 2020). A model that only extrapolates there gives such a policy whatever value its
 guesses add up to (on random CartPole data, far above the truth for the policies that balance longer than any logged
 episode); the halt gives it the worst the data shows at that step, and the share of rollouts that halted says how far
-the policy left the data. Networks that agree where they are wrong do not halt.
+the policy left the data. Networks that agree where they are wrong do not halt. With `model_halt_margin`, a rollout
+also halts where a state it reaches lies outside the logged states' range by more than that share of it: held at the
+range's edge instead, a lander the networks flew off the logged map hovers there, earning its penalties to the
+horizon (benchmarks/README.md).
 
 Vector observations only: a model of images or of Discrete states would need another kind of network. And data
 where some steps go on: of one-step episodes (a contextual bandit's), there are no dynamics to learn.
@@ -89,6 +92,8 @@ class DynamicsEnsemble:
         np.minimum.at(self.halt_values, episodes.step_of_rows, to_go)
         self.halt_floor = float(to_go.min())  # past the longest logged episode
         self.disagreement_limit = np.inf  # set once the networks are fitted (fit_dynamics)
+        # A rollout whose state leaves this range halts (fit_dynamics sets it from model_halt_margin)
+        self.halt_low, self.halt_high = np.full_like(self.obs_low, -np.inf), np.full_like(self.obs_high, np.inf)
 
     def __len__(self) -> int:
         return len(self.networks)
@@ -131,17 +136,18 @@ class DynamicsEnsemble:
         return chance, np.clip(rewards, self.reward_low, self.reward_high)
 
     def step(self, out: np.ndarray, obs: np.ndarray,
-             ending: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(next states, rewards, probabilities that the step ends the episode) from one network's `outputs` and the
-        states' `ending`, held within the logged states and rewards. The ending's chance is the larger of the
-        `ending` and the termination network's on the next state as predicted, before it is held: a pole past its
-        angle lies beyond every logged state."""
+             ending: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(next states, rewards, probabilities that the step ends the episode, whether the next state left the
+        range where a rollout halts) from one network's `outputs` and the states' `ending`, held within the logged
+        states and rewards. The ending's chance is the larger of the `ending` and the termination network's on the
+        next state as predicted, before it is held: a pole past its angle lies beyond every logged state."""
         predicted = out * self.target_std + self.target_mean
         next_obs = obs + predicted[:, :-1]
         chance, ending_rewards = ending
         rewards = (1 - chance) * np.clip(predicted[:, -1], self.reward_low, self.reward_high) + chance * ending_rewards
         ends = np.maximum(chance, self.ends(next_obs))
-        return np.clip(next_obs, self.obs_low, self.obs_high), rewards, ends
+        left = ((next_obs < self.halt_low) | (next_obs > self.halt_high)).any(axis=1)
+        return np.clip(next_obs, self.obs_low, self.obs_high), rewards, ends, left
 
     def ends(self, next_obs: np.ndarray) -> np.ndarray:
         """Per row: the termination network's probability that the state ends the episode."""
@@ -224,6 +230,9 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     logged = goes_on_rows[resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)]
     disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
     model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
+    if config.model_halt_margin is not None:
+        margin = config.model_halt_margin * (model.obs_high - model.obs_low)
+        model.halt_low, model.halt_high = model.obs_low - margin, model.obs_high + margin
     return model
 
 
@@ -232,8 +241,9 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
     """(starts, networks) discounted returns of the policy `act` (states -> actions) rolled out in each network
     from each start, each reward weighted by the chance the rollout has not ended, for `horizon` steps or until that
     chance is negligible, or a halt where the networks disagree (the step's chance of ending then counts its ending
-    reward, and the lowest return-to-go logged at that step counts for the share that would go on); and (starts,
-    networks) the chance that each halted."""
+    reward, and the lowest return-to-go logged at that step counts for the share that would go on) or where the state
+    reached leaves the range `fit_dynamics` set from `model_halt_margin` (the lowest return-to-go logged at the next
+    step counts for the share that goes on); and (starts, networks) the chance that each halted."""
     returns = np.zeros((len(starts), len(model)))
     halted = np.zeros((len(starts), len(model)))
     for network in range(len(model)):
@@ -254,11 +264,17 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
                                                                + halting * model.halt_value(step))
             going_on[rows[unknown]] = 0
             rows, known = rows[~unknown], ~unknown
-            next_obs, rewards, ends = model.step(outputs[network][known], obs[rows],
-                                                 (chance[known], ending_rewards[known]))
+            next_obs, rewards, ends, left = model.step(outputs[network][known], obs[rows],
+                                                       (chance[known], ending_rewards[known]))
             returns[rows, network] += gamma**step * going_on[rows] * rewards
             obs[rows] = next_obs
             going_on[rows] *= 1 - ends
+            # Where the state reached left the logged range, the share that goes on halts there
+            left &= step + 1 < horizon
+            halting = going_on[rows[left]]
+            halted[rows[left], network] = halting
+            returns[rows[left], network] += gamma**(step + 1) * halting * model.halt_value(step + 1)
+            going_on[rows[left]] = 0
     return returns, halted
 
 

@@ -93,7 +93,7 @@ def test_unrolling_more_steps_than_any_episode_goes_on_is_refused_in_one_line():
 def test_a_step_past_the_end_surely_terminates_and_its_state_is_held_within_the_logged_ones():
     model = fit_dynamics(logged_episodes(300), 2, CONFIG, lambda *_: None)
     obs, actions = np.array([[1.0], [4.0], [5.5]], dtype=np.float32), np.ones(3, dtype=np.int64)
-    next_obs, _, ends = model.step(model.outputs(obs, actions)[0], obs, model.ending(obs, actions))
+    next_obs, _, ends, _ = model.step(model.outputs(obs, actions)[0], obs, model.ending(obs, actions))
     np.testing.assert_allclose(ends, [0, 0, 1], atol=0.05)  # 2.5, 5.5 and 7.0: the last past the end
     assert next_obs.max() <= model.obs_high.max()
 
@@ -165,6 +165,23 @@ def test_a_rollout_halts_where_the_networks_part_more_than_on_any_logged_transit
     np.testing.assert_allclose(returns, lengths.min(), rtol=1e-3)
 
 
+def test_a_rollout_halts_where_its_state_leaves_the_logged_range_by_the_margin():
+    episodes = logged_episodes(100)
+    model = fit_dynamics(episodes, 2, dataclasses.replace(CONFIG, model_updates=200, model_halt_margin=0.1),
+                         lambda *_: None)
+    positions = episodes.arrays[Col.OBS]
+    low, high = positions.min(axis=0), positions.max(axis=0)
+    np.testing.assert_allclose(model.halt_low, low - 0.1 * (high - low))
+    np.testing.assert_allclose(model.halt_high, high + 0.1 * (high - low))
+
+    model.halt_high = np.array([3.0], dtype=np.float32)  # as if no logged position were above 3
+    returns, halted = rollout_returns(model, lambda obs: np.ones(len(obs), dtype=np.int64),
+                                      np.array([[0.5]], dtype=np.float32), horizon=50, gamma=0.5)
+    # Moves of 1.5 from 0.5 reach 3.5 at the second step: two rewards, then the lowest return-to-go logged at step 2
+    np.testing.assert_allclose(halted, 1, atol=1e-2)
+    np.testing.assert_allclose(returns, 1 + 0.5 + 0.25 * model.halt_value(2), rtol=1e-2)
+
+
 def test_the_model_based_estimator_takes_vector_observations_only(tmp_path):
     card = read_card(write_frame_stacks(tmp_path / "stacks"))
     assert "learns the dynamics of vector observations, and stacks's are images; use fqe" in (
@@ -180,7 +197,7 @@ def test_each_network_passes_over_a_large_dataset_model_epochs_times():
 @pytest.mark.parametrize("field,value", [("model_ensemble", 0), ("model_updates", 0), ("model_epochs", 0),
                                          ("model_hidden_layers", []), ("model_halt_quantile", 0),
                                          ("model_halt_quantile", 1.5), ("model_unroll_steps", 0),
-                                         ("model_unroll_updates", 0)])
+                                         ("model_unroll_updates", 0), ("model_halt_margin", -0.1)])
 def test_bad_model_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         OPEConfig(**{field: value})
