@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import examples.controllers
+from common.errors import exit_on_user_error
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner
 from dataset_format import episode_stats
@@ -52,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

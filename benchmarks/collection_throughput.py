@@ -30,7 +30,7 @@ from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
 from collectors.policies import build_policy
 from collectors.rollout import EpisodeRunner, episode_seeds
 from common.envs import EnvSpec, env_spaces, make_env, step_actions
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from pipelines.params import Params, load_params
 
@@ -159,4 +159,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

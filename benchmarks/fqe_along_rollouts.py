@@ -22,6 +22,7 @@ import torch
 
 import dataset_format as dataset
 from common.envs import make_env
+from common.errors import exit_on_user_error
 from common.observations import ModelInput
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -123,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 import dataset_format as dataset
+from common.errors import exit_on_user_error
 from common.observations import ModelInput
 from dataset_format import Col
 
@@ -74,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

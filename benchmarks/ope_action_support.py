@@ -27,6 +27,7 @@ from benchmarks.ope_validation import kept_candidate
 from collectors.config import PolicyConfig
 from collectors.policies import build_policy
 from common.envs import make_env
+from common.errors import exit_on_user_error
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation.ope import logged_episodes
@@ -68,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

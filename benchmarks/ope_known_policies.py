@@ -21,7 +21,7 @@ import dataset_format as dataset
 from collectors.config import PolicyConfig
 from collectors.policies import build_policy
 from common.envs import make_env
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.observations import ModelInput
 from dataset_format import Col
 from evaluation.estimators import fit_fqe
@@ -76,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

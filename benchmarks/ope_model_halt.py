@@ -31,6 +31,7 @@ import numpy as np
 
 import dataset_format as dataset
 from common.envs import make_env
+from common.errors import exit_on_user_error
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from evaluation import ope_validation
@@ -195,4 +196,4 @@ def open_loop_replay(model: DynamicsEnsemble, episodes: Episodes) -> tuple[dict[
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -29,7 +29,7 @@ import dataset_format as dataset
 from benchmarks.ope_validation import ROOT, candidate_label, kept_candidate, saved_results
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from evaluation import ope_validation
 from evaluation.references import normalized_score, read_reference
@@ -95,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -39,7 +39,7 @@ from benchmarks.quality_table import CONTINUOUS_ALGOS, DISCRETE_ALGOS, train_our
 from collectors.config import PolicyConfig
 from collectors.rollout import rollout_returns
 from common import plots
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from evaluation import ope_validation
@@ -247,4 +247,4 @@ def trained_candidate(kept: Path, card: dataset.DatasetCard, algo: str, algo_par
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -24,6 +24,7 @@ from torch import nn
 import dataset_format as dataset
 from collectors.rollout import episode_seeds
 from common.envs import EnvSpec, make_env
+from common.errors import exit_on_user_error
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.batch_columns import ACTIONS, NEXT_OBS, OBS, REWARDS, TERMINATEDS, with_n_step
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -40,7 +40,7 @@ import yaml
 import dataset_format as dataset
 from collectors.config import PolicyConfig
 from collectors.rollout import episode_seeds, rollout_returns
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
@@ -309,4 +309,4 @@ def write_results(results: dict, order: list[str], out: Path) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

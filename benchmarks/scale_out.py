@@ -38,6 +38,7 @@ import psutil
 import yaml
 
 import dataset_format as dataset
+from common.errors import exit_on_user_error
 from common.loopback_cluster import RayCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,4 +210,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 import dataset_format as dataset
+from common.errors import exit_on_user_error
 from pipelines.params import load_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 import dataset_format as dataset
 from collectors.config import CollectConfig, DatasetConfig, PolicyConfig
+from common.errors import exit_on_user_error
 from common.ray_runtime import start_ray
 from pipelines.params import load_params
 
@@ -185,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

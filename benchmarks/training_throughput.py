@@ -35,6 +35,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 import dataset_format as dataset
+from common.errors import exit_on_user_error
 from common.observations import ModelInput
 from common.ray_runtime import start_ray
 from dataset_format import Col, column_to_numpy
@@ -322,4 +323,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

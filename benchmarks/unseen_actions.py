@@ -21,6 +21,7 @@ import torch
 
 import dataset_format as dataset
 from benchmarks.quality_table import SUITE, train_ours
+from common.errors import exit_on_user_error
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
@@ -76,4 +77,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -17,7 +17,7 @@ import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from common.errors import UserError
+from common.errors import UserError, user_error_behind
 from common.ray_runtime import ask_for_token_auth, quiet_library_notices, start_ray
 from evaluation.config import ESTIMATORS, SELECT_BY
 from pipelines.params import Params, load_params
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         # Commands that only read or write a dataset work anywhere, without params.yaml.
         args.handler(args, load_params(args.params) if getattr(args, "reads_params", True) else None)
     except Exception as err:
-        user_error = _user_error(err)
+        user_error = user_error_behind(err)
         if user_error is None or args.debug:
             raise
         print(f"orl: error: {user_error}", file=sys.stderr)
@@ -312,15 +312,6 @@ def import_what_commands_need() -> None:
     # same mode again changes nothing.
     torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
                                        warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
-
-
-def _user_error(err: BaseException) -> UserError | None:
-    """The UserError behind `err`, also when it was raised inside a Ray actor or task."""
-    while err is not None:
-        if isinstance(err, UserError):
-            return err
-        err = getattr(err, "cause", None) or err.__cause__
-    return None
 
 
 if __name__ == "__main__":

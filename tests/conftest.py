@@ -231,11 +231,12 @@ def assert_minari_round_trip(workdir: Path, name: str, env, tmp_path: Path) -> N
     assert back.select(columns).equals(original.select(columns))
 
 
-def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    """`orl` failed as a user error should: exit 2, no traceback, one last line naming the problem."""
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str, prog: str = "orl") -> None:
+    """`orl` (or the script `prog`) failed as a user error should: exit 2, no traceback, one last line naming the
+    problem."""
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("orl: error: ") and "Traceback" not in result.stderr
+    assert last.startswith(f"{prog}: error: ") and "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in last
 

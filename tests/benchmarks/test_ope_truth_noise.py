@@ -22,12 +22,13 @@ from collectors.rollout import rollout_returns
 from evaluation import ope_validation
 from evaluation.references import normalized_score, reference_path
 from pipelines.params import load_params
-from tests.conftest import REPO, session_ray
+from tests.conftest import REPO, assert_user_error, session_ray
 from tests.evaluation.test_evaluate import REFERENCE
 
 pytestmark = pytest.mark.slow  # two tiny trainings and a few CartPole episodes each
 
 DATASET = "cartpole-expert"
+SCRIPT = "ope_truth_noise.py"  # how its errors name it, as argparse's do
 UPDATES = {"bc": 100, "dqn": 2}  # BC balances the pole a while, DQN barely trained does not
 
 
@@ -101,12 +102,12 @@ def test_each_candidate_is_scored_again_on_fresh_seeds_and_the_first_truth_valid
 def test_it_refuses_the_truths_own_seed_one_episode_and_a_candidate_without_its_checkpoint(validated, tmp_path):
     seed = load_params(validated / "params.yaml").evaluate.seed
     result = read_again(validated, "--seed", str(seed), "--out", str(tmp_path / "same"))
-    assert result.returncode != 0 and f"--seed {seed} is the seed the truths were read on" in result.stderr
+    assert_user_error(result, f"--seed {seed} is the seed the truths were read on", prog=SCRIPT)
     result = read_again(validated, "--episodes", "1", "--out", str(tmp_path / "one"))
-    assert result.returncode != 0 and "--episodes 1: give 2 or more" in result.stderr
+    assert_user_error(result, "--episodes 1: give 2 or more", prog=SCRIPT)
 
     shutil.rmtree(validated / "candidates" / DATASET / "dqn-seed0-x1")
     result = read_again(validated, "--episodes", "2", "--out", str(tmp_path / "lost"))
-    assert result.returncode != 0
-    assert "dqn-seed0-x1/checkpoint: no kept checkpoint of dqn-cartpole-expert seed 0 x1" in result.stderr
+    assert_user_error(result, "dqn-seed0-x1/checkpoint: no kept checkpoint of dqn-cartpole-expert seed 0 x1",
+                      prog=SCRIPT)
     assert not (tmp_path / "lost").exists()
