@@ -7,7 +7,8 @@ every logged episode). How well they fit: each output's squared error on the log
 its variance; the recall of the logged endings by the chance told from the state and the action and by the termination
 network's on the state reached; and an open-loop replay of logged episodes (their own actions from their first state, in
 the first network) against the logged states, and whether the replay ends where a logged episode terminates. Then each
-candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted and without one. Spearman,
+candidate kept with a greedy true score (`truth.json`) is rolled out with the halt as fitted, without one, and with a
+halt where its states leave the logged range by each of `--margins` (`ope.model_halt_margin`). Spearman,
 regret@1 and MAE as `ope_validation.py` reports them (evaluation/ope_validation.py), and the share of rollouts that
 halted. And for each candidate, the networks on its own episodes in the env (`--real-episodes`, states as the env
 gives them, not as the model predicts): the reward of the steps that go on summed per episode, as the env gives it
@@ -61,6 +62,8 @@ def main() -> None:
     parser.add_argument("--replayed", type=int, default=100, help="logged episodes replayed open loop")
     parser.add_argument("--real-episodes", type=int, default=10,
                         help="each candidate's episodes in the env the networks are checked on (0: none)")
+    parser.add_argument("--margins", type=float, nargs="*", default=[],
+                        help="ope.model_halt_margin values to roll out with as well, the halt as fitted beside each")
     parser.add_argument("--runs", nargs="+", default=["*"],
                         help="the kept candidates to roll out, by name or glob (bc-seed0-x0.01, 'iql-*')")
     args = parser.parse_args()
@@ -79,7 +82,12 @@ def main() -> None:
             model = fit_dynamics(episodes, card.spaces[1].n if discrete else None, config,
                                  fit_progress(label, "model network", "loss"))
             print_fit(label, model, episodes, args.replayed)
-            limits = {"halt": model.disagreement_limit, "no halt": np.inf}
+            span, unbounded = model.obs_high - model.obs_low, np.full_like(model.obs_low, np.inf)
+            # Each variant: the disagreement past which a rollout halts, and the range its states may not leave
+            variants = {"halt": (model.disagreement_limit, model.halt_low, model.halt_high),
+                        "no halt": (np.inf, -unbounded, unbounded),
+                        **{f"halt, margin {m:g}": (model.disagreement_limit, model.obs_low - m * span,
+                                                   model.obs_high + m * span) for m in args.margins}}
             print(f"[{label}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt at "
                   f"step 0 counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}",
                   flush=True)
@@ -89,8 +97,8 @@ def main() -> None:
                 truth = json.loads((kept / "truth.json").read_text())["truth"]
                 policy = ModulePolicy(load_rl_module(kept / "checkpoint"), card.spaces[1], greedy=True)
                 line = []
-                for halt, limit in limits.items():
-                    model.disagreement_limit = limit
+                for halt, settings in variants.items():
+                    model.disagreement_limit, model.halt_low, model.halt_high = settings
                     returns, halted = rollout_returns(model, actor(policy, discrete, params.ope.seed), starts,
                                                       horizon, params.ope.gamma)
                     estimate = normalized_score(float(returns.mean()), reference)
@@ -99,7 +107,7 @@ def main() -> None:
                                    "estimate": estimate, "ci_low": estimate, "ci_high": estimate, "truth": truth})
                     line.append(f"{halt} {estimate:.1f} ({halted.mean():.0%} halted)")
                 print(f"[{label}] {kept.name}: true {truth:.1f}; " + ", ".join(line), flush=True)
-                model.disagreement_limit = limits["halt"]
+                model.disagreement_limit, model.halt_low, model.halt_high = variants["halt"]
                 if args.real_episodes:
                     print_on_real_episodes(f"{label}, {kept.name}", model, actor(policy, discrete, params.ope.seed),
                                            card, params.evaluate.seed, args.real_episodes)
