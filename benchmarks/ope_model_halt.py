@@ -82,12 +82,9 @@ def main() -> None:
             model = fit_dynamics(episodes, card.spaces[1].n if discrete else None, config,
                                  fit_progress(label, "model network", "loss"))
             print_fit(label, model, episodes, args.replayed)
-            span, unbounded = model.obs_high - model.obs_low, np.full_like(model.obs_low, np.inf)
-            # Each variant: the disagreement past which a rollout halts, and the range its states may not leave
-            variants = {"halt": (model.disagreement_limit, model.halt_low, model.halt_high),
-                        "no halt": (np.inf, -unbounded, unbounded),
-                        **{f"halt, margin {m:g}": (model.disagreement_limit, model.obs_low - m * span,
-                                                   model.obs_high + m * span) for m in args.margins}}
+            # Each variant: the disagreement past which a rollout halts, and the margin past the logged range
+            variants = {"halt": (model.disagreement_limit, config.model_halt_margin), "no halt": (np.inf, None),
+                        **{f"halt, margin {m:g}": (model.disagreement_limit, m) for m in args.margins}}
             print(f"[{label}] halt where the networks part by more than {model.disagreement_limit:.3f}; a halt at "
                   f"step 0 counts {model.halt_value(0):.1f}, past the longest episode {model.halt_floor:.1f}",
                   flush=True)
@@ -97,8 +94,9 @@ def main() -> None:
                 truth = json.loads((kept / "truth.json").read_text())["truth"]
                 policy = ModulePolicy(load_rl_module(kept / "checkpoint"), card.spaces[1], greedy=True)
                 line = []
-                for halt, settings in variants.items():
-                    model.disagreement_limit, model.halt_low, model.halt_high = settings
+                for halt, (limit, margin) in variants.items():
+                    model.disagreement_limit = limit
+                    model.halt_outside(margin)
                     returns, halted = rollout_returns(model, actor(policy, discrete, params.ope.seed), starts,
                                                       horizon, params.ope.gamma)
                     estimate = normalized_score(float(returns.mean()), reference)
@@ -107,7 +105,8 @@ def main() -> None:
                                    "estimate": estimate, "ci_low": estimate, "ci_high": estimate, "truth": truth})
                     line.append(f"{halt} {estimate:.1f} ({halted.mean():.0%} halted)")
                 print(f"[{label}] {kept.name}: true {truth:.1f}; " + ", ".join(line), flush=True)
-                model.disagreement_limit, model.halt_low, model.halt_high = variants["halt"]
+                model.disagreement_limit, margin = variants["halt"]
+                model.halt_outside(margin)
                 if args.real_episodes:
                     print_on_real_episodes(f"{label}, {kept.name}", model, actor(policy, discrete, params.ope.seed),
                                            card, params.evaluate.seed, args.real_episodes)

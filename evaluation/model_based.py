@@ -92,11 +92,19 @@ class DynamicsEnsemble:
         np.minimum.at(self.halt_values, episodes.step_of_rows, to_go)
         self.halt_floor = float(to_go.min())  # past the longest logged episode
         self.disagreement_limit = np.inf  # set once the networks are fitted (fit_dynamics)
-        # A rollout whose state leaves this range halts (fit_dynamics sets it from model_halt_margin)
-        self.halt_low, self.halt_high = np.full_like(self.obs_low, -np.inf), np.full_like(self.obs_high, np.inf)
+        self.halt_outside(None)  # fit_dynamics sets model_halt_margin's
 
     def __len__(self) -> int:
         return len(self.networks)
+
+    def halt_outside(self, margin: float | None) -> None:
+        """Rollouts halt where a state they reach lies outside the logged states' range by more than `margin` of it
+        (None: never); `step` tells where one did."""
+        if margin is None:
+            self.halt_low, self.halt_high = np.full_like(self.obs_low, -np.inf), np.full_like(self.obs_high, np.inf)
+        else:
+            span = margin * (self.obs_high - self.obs_low)
+            self.halt_low, self.halt_high = self.obs_low - span, self.obs_high + span
 
     def halt_value(self, step: int) -> float:
         """What a rollout halted at `step` counts for the rest: the lowest return-to-go logged at that step."""
@@ -230,9 +238,7 @@ def fit_dynamics(episodes: Episodes, num_actions: int | None, config: OPEConfig,
     logged = goes_on_rows[resamples.choice(rows, size=min(rows, CALIBRATION_ROWS), replace=False)]
     disagreement = model.disagreement(model.outputs(a[Col.OBS][logged], a[Col.ACTIONS][logged]))
     model.disagreement_limit = float(np.quantile(disagreement, config.model_halt_quantile))
-    if config.model_halt_margin is not None:
-        margin = config.model_halt_margin * (model.obs_high - model.obs_low)
-        model.halt_low, model.halt_high = model.obs_low - margin, model.obs_high + margin
+    model.halt_outside(config.model_halt_margin)
     return model
 
 
