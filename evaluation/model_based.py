@@ -252,6 +252,13 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
     step counts for the share that goes on); and (starts, networks) the chance that each halted."""
     returns = np.zeros((len(starts), len(model)))
     halted = np.zeros((len(starts), len(model)))
+
+    def halt(stopped: np.ndarray, share: np.ndarray, step: int) -> None:
+        """The rollouts `stopped` halt at `step`: the lowest return-to-go logged there counts for their `share`."""
+        halted[stopped, network] = share
+        returns[stopped, network] += gamma**step * share * model.halt_value(step)
+        going_on[stopped] = 0
+
     for network in range(len(model)):
         obs = np.array(starts, dtype=np.float32)
         going_on = np.ones(len(starts))  # the chance that the rollout has not ended (0 once it halted)
@@ -264,11 +271,9 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
             outputs = model.outputs(obs[rows], actions)
             # Where the networks part, the step's share that ends does; the share that would go on halts
             unknown = model.disagreement(outputs) > model.disagreement_limit
-            ending, halting = going_on[rows[unknown]] * chance[unknown], going_on[rows[unknown]] * (1 - chance[unknown])
-            halted[rows[unknown], network] = halting
-            returns[rows[unknown], network] += gamma**step * (ending * ending_rewards[unknown]
-                                                               + halting * model.halt_value(step))
-            going_on[rows[unknown]] = 0
+            stopped = rows[unknown]
+            returns[stopped, network] += gamma**step * going_on[stopped] * chance[unknown] * ending_rewards[unknown]
+            halt(stopped, going_on[stopped] * (1 - chance[unknown]), step)
             rows, known = rows[~unknown], ~unknown
             next_obs, rewards, ends, left = model.step(outputs[network][known], obs[rows],
                                                        (chance[known], ending_rewards[known]))
@@ -276,11 +281,8 @@ def rollout_returns(model: DynamicsEnsemble, act: Callable[[np.ndarray], np.ndar
             obs[rows] = next_obs
             going_on[rows] *= 1 - ends
             # Where the state reached left the logged range, the share that goes on halts there
-            left &= step + 1 < horizon
-            halting = going_on[rows[left]]
-            halted[rows[left], network] = halting
-            returns[rows[left], network] += gamma**(step + 1) * halting * model.halt_value(step + 1)
-            going_on[rows[left]] = 0
+            stopped = rows[left & (step + 1 < horizon)]
+            halt(stopped, going_on[stopped], step + 1)
     return returns, halted
 
 
