@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import dataset_format as dataset
-from common.envs import make_env, provider_versions
+from common.code_version import library_versions
 from common.errors import UserError, exit_on_user_error
 from dataset_format import Col
 
@@ -43,13 +43,10 @@ def main() -> None:
         raise UserError(f"{args.dataset} stores image frames; this script copies vector observations only")
     table = dataset.read_table(args.dataset)
     starts, ends = dataset.episode_bounds(dataset.column_to_numpy(table[Col.EPS_ID]))
-    returns = np.add.reduceat(dataset.column_to_numpy(table[Col.REWARDS]).astype(np.float64), starts)
+    returns, _ = dataset.episode_stats(table)  # in eps_id order, which is the rows' order in a valid dataset
     kept = np.sort(np.argsort(-returns, kind="stable")[:max(1, round(args.share * len(returns)))])
-    made = make_env(card.env)
-    try:
-        providers = provider_versions(made)
-    finally:
-        made.close()
+    # The episodes' bytes are the source's: so are the versions of the packages that provided its env.
+    providers = {key: value for key, value in card.library_versions.items() if key not in library_versions()}
     new = dataset.DatasetCard.new(
         args.out.name, card.env, card.spaces, card.behavior_policy | {"top_share": args.share, "of": card.name},
         card.seed, len(kept), card.has_action_logp, CODE, providers,
