@@ -79,7 +79,7 @@ class ModulePolicy:
         if not self.greedy:
             noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
             mean = mean + np.exp(log_std) * noise
-        if self.squashed:  # SAC/CQL act in [-1, 1] (training/algorithms/offline_cql.py); rescale to the bounds
+        if self.squashed:  # CQL, IQL and BC's squashed_gaussian act in [-1, 1] (offline_cql.py); rescale to the bounds
             mean = self.space.low + (np.tanh(mean) + 1.0) / 2.0 * (self.space.high - self.space.low)
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None

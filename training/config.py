@@ -15,6 +15,8 @@ from common.checks import require_conv_filters, require_layer_sizes, require_pos
 from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
+GAUSSIAN, SQUASHED_GAUSSIAN = "gaussian", "squashed_gaussian"
+ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN)
 
 
 def _require_discount(gamma: float) -> None:
@@ -118,6 +120,17 @@ def _type_name(tp) -> str:
 @dataclass(frozen=True)
 class BCParams(LearnerParams):
     """Behaviour cloning: maximise the log-likelihood of the dataset's actions."""
+
+    action_distribution: str = GAUSSIAN
+    """For continuous (Box) actions, the policy's distribution: `gaussian`, RLlib's diagonal Gaussian, acting on its
+    mean clipped to the bounds; or `squashed_gaussian`, SAC's tanh-squashed Gaussian (IQL's and CQL's actor), fitted
+    to the actions rescaled to [-1, 1] and kept 1 % inside it. Discrete actions are always categorical."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.action_distribution not in ACTION_DISTRIBUTIONS:
+            raise ValueError(f"action_distribution '{self.action_distribution}' is unknown; use one of "
+                             f"{', '.join(ACTION_DISTRIBUTIONS)}")
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,15 @@ def cloning_batch(rows: pa.Table) -> dict[str, np.ndarray]:
     return flat(transitions(rows, (OBS, ACTIONS)))
 
 
+@reads(Col.OBS, Col.ACTIONS)
+def cloning_batch_in_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray,
+                                  margin: float) -> dict[str, np.ndarray]:
+    """BC's batch for a tanh-squashed policy: Box actions rescaled to [-1, 1] (`unit_actions`)."""
+    columns = transitions(rows, (OBS, ACTIONS))
+    columns[ACTIONS] = unit_actions(columns[ACTIONS], low, high, margin)
+    return flat(columns)
+
+
 def episode_run_ends(eps_id: np.ndarray, t: np.ndarray) -> np.ndarray:
     """True at each row that is the last of its run of consecutive steps of one episode in this batch."""
     run_ends = np.ones(len(eps_id), dtype=bool)
@@ -165,6 +174,11 @@ def with_unit_actions(rows: pa.Table, low: np.ndarray, high: np.ndarray, margin:
     """Transitions with Box actions rescaled from the env's bounds to [-1, 1] (for CQL and IQL, whose tanh
     policies act there, see offline_cql.py), kept `margin` inside it."""
     columns = transitions(rows, ONE_STEP_COLUMNS)
-    actions = columns[ACTIONS].astype(np.float32)
-    columns[ACTIONS] = np.clip(2.0 * (actions - low) / (high - low) - 1.0, margin - 1.0, 1.0 - margin)
+    columns[ACTIONS] = unit_actions(columns[ACTIONS], low, high, margin)
     return flat(columns)
+
+
+def unit_actions(actions: np.ndarray, low: np.ndarray, high: np.ndarray, margin: float) -> np.ndarray:
+    """Box actions rescaled from the env's bounds to [-1, 1], where tanh-squashed policies act, kept `margin`
+    inside it."""
+    return np.clip(2.0 * (actions.astype(np.float32) - low) / (high - low) - 1.0, margin - 1.0, 1.0 - margin)

@@ -22,7 +22,7 @@ already. What changes here:
   `advantage_beta`.
 - Q(s, a) for continuous actions is one MLP over the observation and action concatenated (`ConcatQCatalog`), as
   in the paper and d3rlpy, and actions are rescaled to the tanh policy's [-1, 1] (offline_cql.py), kept 1 % inside
-  it (registry.py's `IQL_ACTION_MARGIN`).
+  it (registry.py's `SQUASHED_ACTION_MARGIN`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ with V frozen at initialisation (see train_batches.py). Its batch function (`wit
 Carlo returns MARWIL is defined with, from `returns_read_rows` rows at a time, bootstrapped with the current
 value function where the env's time limit or the end of a read cut an episode. BC is RLlib's MARWIL with beta = 0
 and no value function; it reads plain transitions, and its loss is computed without the MARWIL terms that beta = 0
-leaves as no-ops.
+leaves as no-ops. Over Box actions its policy is RLlib's diagonal Gaussian, or SAC's tanh-squashed one
+(`BCParams.action_distribution`).
 
 MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
 c^2 at 100 whatever the rewards' scale; on LunarLander's returns-to-go the first batches' weights went to a
@@ -15,12 +16,16 @@ at the first batch's mean squared advantage.
 
 from __future__ import annotations
 
+import gymnasium as gym
 import torch
 from ray.rllib.algorithms.bc import BCConfig
+from ray.rllib.algorithms.bc.bc_catalog import BCCatalog
 from ray.rllib.algorithms.marwil import MARWILConfig
 from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLearner
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
 from ray.rllib.core.learner.learner import POLICY_LOSS_KEY
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, OBS, VALUE_TARGETS
 from training.algorithms.lean_learner import LeanTorchLearner
@@ -62,6 +67,32 @@ class OfflineMARWILConfig(MARWILConfig):
         return OfflineMARWILTorchLearner
 
 
+class SquashedGaussianBCCatalog(BCCatalog):
+    """BC's networks with SAC's tanh-squashed Gaussian over Box actions, which the learner fits to actions rescaled
+    to [-1, 1] (registry.py) and `common/trained_policy.py` rescales back to the env's bounds."""
+
+    def get_action_dist_cls(self, framework: str):
+        if isinstance(self.action_space, gym.spaces.Box):
+            return TorchSquashedGaussian
+        return super().get_action_dist_cls(framework)
+
+
 class OfflineBCConfig(BCConfig):
+    def __init__(self, algo_class=None):
+        super().__init__(algo_class=algo_class)
+        self.squashed_gaussian = False
+
+    def training(self, *, squashed_gaussian: bool | None = None, **kwargs) -> OfflineBCConfig:
+        super().training(**kwargs)
+        if squashed_gaussian is not None:
+            self.squashed_gaussian = squashed_gaussian
+        return self
+
     def get_default_learner_class(self):
         return OfflineBCTorchLearner
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        spec = super().get_default_rl_module_spec()
+        if self.squashed_gaussian:
+            spec.catalog_class = SquashedGaussianBCCatalog
+        return spec

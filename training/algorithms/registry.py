@@ -18,9 +18,17 @@ import numpy as np
 import dataset_format as dataset
 from common.errors import UserError
 from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
-from training.algorithms.batch_columns import cloning_batch, one_step, with_n_step, with_returns, with_unit_actions
+from training.algorithms.batch_columns import (
+    cloning_batch,
+    cloning_batch_in_unit_actions,
+    one_step,
+    with_n_step,
+    with_returns,
+    with_unit_actions,
+)
 from training.algorithms.train_batches import BatchPlan, TransitionsData
 from training.config import (
+    SQUASHED_GAUSSIAN,
     BCParams,
     ConservativeDQNParams,
     CQLParams,
@@ -51,7 +59,7 @@ class OfflineAlgorithm:
 def _bc_config(params: BCParams):
     from training.algorithms.offline_marwil import OfflineBCConfig
 
-    return OfflineBCConfig().training(lr=params.lr)
+    return OfflineBCConfig().training(lr=params.lr, squashed_gaussian=params.action_distribution == SQUASHED_GAUSSIAN)
 
 
 def _marwil_config(params: MARWILParams):
@@ -90,11 +98,12 @@ def _iql_config(params: IQLParams):
     )
 
 
-# IQL clones the data's actions through the log-density of SAC's tanh-squashed Gaussian, which at the bounds
-# themselves is that of a pre-squash action of atanh(1 - 1e-6) = 7.3, far beyond the rest: half of pendulum-medium's
-# actions are at the torque bound. Kept 1 % inside, they are atanh(0.99) = 2.6. It removes that degenerate
-# density; it did not lift IQL's score on pendulum-medium at beta 3 (benchmarks/README.md, IQL).
-IQL_ACTION_MARGIN = 0.01
+# IQL (and BC's `squashed_gaussian`) clone the data's actions through the log-density of SAC's tanh-squashed
+# Gaussian, which at the bounds themselves is that of a pre-squash action of atanh(1 - 1e-6) = 7.3, far beyond the
+# rest: half of pendulum-medium's actions are at the torque bound. Kept 1 % inside, they are atanh(0.99) = 2.6. It
+# removes that degenerate density; it did not lift IQL's score on pendulum-medium at beta 3 (benchmarks/README.md,
+# IQL).
+SQUASHED_ACTION_MARGIN = 0.01
 
 
 def _unit_action_batches(params: LearnerParams, action_space, margin: float = 0.0) -> BatchPlan:
@@ -104,8 +113,15 @@ def _unit_action_batches(params: LearnerParams, action_space, margin: float = 0.
 
 def _iql_batches(params: IQLParams, action_space) -> BatchPlan:
     if isinstance(action_space, gym.spaces.Box):
-        return _unit_action_batches(params, action_space, IQL_ACTION_MARGIN)
+        return _unit_action_batches(params, action_space, SQUASHED_ACTION_MARGIN)
     return BatchPlan(one_step)
+
+
+def _bc_batches(params: BCParams, action_space) -> BatchPlan:
+    if isinstance(action_space, gym.spaces.Box) and params.action_distribution == SQUASHED_GAUSSIAN:
+        return BatchPlan(cloning_batch_in_unit_actions,
+                         {"low": action_space.low, "high": action_space.high, "margin": SQUASHED_ACTION_MARGIN})
+    return BatchPlan(cloning_batch)
 
 
 def _n_step_batches(params: DQNParams, action_space) -> BatchPlan:
@@ -116,9 +132,8 @@ _DQN = dict(rllib_config=_dqn_config, batches=_n_step_batches, action_spaces=(gy
             curve_loss="qf_loss", policy_is_distribution=False)
 
 ALGORITHMS: dict[str, OfflineAlgorithm] = {
-    "bc": OfflineAlgorithm(
-        BCParams, _bc_config, lambda params, action_space: BatchPlan(cloning_batch),
-        (gym.spaces.Discrete, gym.spaces.Box), curve_loss="policy_loss", policy_is_distribution=True),
+    "bc": OfflineAlgorithm(BCParams, _bc_config, _bc_batches, (gym.spaces.Discrete, gym.spaces.Box),
+                           curve_loss="policy_loss", policy_is_distribution=True),
     "marwil": OfflineAlgorithm(
         MARWILParams, _marwil_config,
         lambda params, action_space: BatchPlan(with_returns, {"gamma": params.gamma}, params.returns_read_rows),

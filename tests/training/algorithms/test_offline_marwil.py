@@ -1,18 +1,27 @@
 """MARWIL's advantage normalizer starts at the data's scale, not RLlib's fixed 100; BC's loss is RLlib's MARWIL
-loss at beta = 0."""
+loss at beta = 0; BC's squashed Gaussian fits actions rescaled to [-1, 1] and acts within the env's bounds."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+
+import numpy as np
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
+import dataset_format as dataset
+from common.trained_policy import ModulePolicy, load_rl_module
+from dataset_format import Col
 from pipelines.params import load_params
 from tests.conftest import built_algorithm, train_columns
-from training.algorithms.batch_columns import OBS, VALUE_TARGETS
+from training.algorithms.batch_columns import ACTIONS, OBS, VALUE_TARGETS
+from training.algorithms.registry import SQUASHED_ACTION_MARGIN
 from training.algorithms.rllib_internals import local_learner
+from training.config import SQUASHED_GAUSSIAN
 
 ROWS = 256
 
@@ -50,3 +59,51 @@ def test_bc_loss_equals_rllibs_marwil_loss_at_beta_zero(data, request):
         rllibs = MARWILTorchLearner.compute_loss_for_module(learner, module_id=DEFAULT_MODULE_ID, config=config,
                                                             batch=batch, fwd_out=fwd_out)
     torch.testing.assert_close(ours, rllibs)
+
+
+def test_bc_squashed_gaussian_fits_unit_actions_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
+
+    card = dataset.read_card(pendulum_dataset)
+    logged = dataset.load_arrays(pendulum_dataset)[Col.ACTIONS]
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, action_distribution=SQUASHED_GAUSSIAN,
+                                 iterations=3, hidden_layers=[32, 32])
+    with built_algorithm("bc", params, pendulum_dataset) as algorithm:
+        learner = local_learner(algorithm)
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        assert module.get_train_action_dist_cls() is TorchSquashedGaussian
+        batch = train_columns(algorithm, ROWS)
+        # Pendulum's torque in [-2, 2], halved into [-1, 1] and kept 1 % inside it: the bang-bang expert's
+        # saturated torques sit at the margin, the rest are the data's own actions halved.
+        unit = batch[ACTIONS].numpy()
+        limit = 1.0 - SQUASHED_ACTION_MARGIN
+        assert np.abs(unit).max() == pytest.approx(limit)
+        inside = np.abs(unit) < limit
+        assert inside.any() and (np.abs(2.0 * unit[inside][:, None] - logged.ravel()).min(axis=1) < 1e-5).all()
+
+        def loss() -> float:
+            with torch.no_grad():
+                logits = module.forward_train(batch)["action_dist_inputs"]
+                return -TorchSquashedGaussian.from_logits(logits).logp(batch[ACTIONS]).mean().item()
+
+        before = loss()
+        for _ in range(params.iterations):
+            algorithm.train()
+        assert loss() < before
+        algorithm.save_to_path(tmp_path / "bc")
+    del algorithm
+    gc.collect()
+
+    policy = ModulePolicy(load_rl_module(tmp_path / "bc"), card.spaces[1], greedy=True)
+    actions, _ = policy.act(dataset.load_arrays(pendulum_dataset)[Col.OBS][:64], [], envs=None)
+    assert policy.squashed and actions.shape == (64, 1) and np.abs(actions).max() <= 2.0
+
+
+def test_bc_squashed_gaussian_leaves_discrete_actions_categorical(mixture_dataset):
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical
+
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, action_distribution=SQUASHED_GAUSSIAN)
+    with built_algorithm("bc", params, mixture_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID].unwrapped()
+        assert issubclass(module.get_train_action_dist_cls(), TorchCategorical)
+        assert set(np.unique(train_columns(algorithm, ROWS)[ACTIONS].numpy())) <= {0, 1}
