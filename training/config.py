@@ -121,10 +121,11 @@ def _type_name(tp) -> str:
 class BCParams(LearnerParams):
     """Behaviour cloning: maximise the log-likelihood of the dataset's actions."""
 
-    action_distribution: str = GAUSSIAN
-    """For continuous (Box) actions, the policy's distribution: `gaussian`, RLlib's diagonal Gaussian, acting on its
-    mean clipped to the bounds; or `squashed_gaussian`, SAC's tanh-squashed Gaussian (IQL's and CQL's actor), fitted
-    to the actions rescaled to [-1, 1] and kept 1 % inside it. Discrete actions are always categorical."""
+    action_distribution: str = SQUASHED_GAUSSIAN
+    """For continuous (Box) actions, the policy's distribution: `squashed_gaussian`, SAC's tanh-squashed Gaussian
+    (IQL's and CQL's actor), fitted to the actions rescaled to [-1, 1] and kept 1 % inside it; or `gaussian`, RLlib's
+    diagonal Gaussian, acting on its mean clipped to the bounds, which scored below it wherever the data's actions
+    crowd the bounds (benchmarks/README.md, BC's action distribution). Discrete actions are always categorical."""
 
     def __post_init__(self):
         super().__post_init__()

@@ -21,7 +21,7 @@ from tests.conftest import built_algorithm, train_columns
 from training.algorithms.batch_columns import ACTIONS, OBS, VALUE_TARGETS
 from training.algorithms.registry import SQUASHED_ACTION_MARGIN
 from training.algorithms.rllib_internals import local_learner
-from training.config import SQUASHED_GAUSSIAN
+from training.config import GAUSSIAN, SQUASHED_GAUSSIAN
 
 ROWS = 256
 
@@ -73,8 +73,8 @@ def test_bc_squashed_gaussian_fits_unit_actions_and_acts_within_the_bounds(pendu
         module = learner.module[DEFAULT_MODULE_ID].unwrapped()
         assert module.get_train_action_dist_cls() is TorchSquashedGaussian
         batch = train_columns(algorithm, ROWS)
-        # Pendulum's torque in [-2, 2], halved into [-1, 1] and kept 1 % inside it: the bang-bang expert's
-        # saturated torques sit at the margin, the rest are the data's own actions halved.
+        # Pendulum's torque in [-2, 2], halved into [-1, 1] and kept 1 % inside it: the expert's full torques
+        # sit at the margin, the rest are the data's own actions halved.
         unit = batch[ACTIONS].numpy()
         limit = 1.0 - SQUASHED_ACTION_MARGIN
         assert np.abs(unit).max() == pytest.approx(limit)
@@ -97,6 +97,18 @@ def test_bc_squashed_gaussian_fits_unit_actions_and_acts_within_the_bounds(pendu
     policy = ModulePolicy(load_rl_module(tmp_path / "bc"), card.spaces[1], greedy=True)
     actions, _ = policy.act(dataset.load_arrays(pendulum_dataset)[Col.OBS][:64], [], envs=None)
     assert policy.squashed and actions.shape == (64, 1) and np.abs(actions).max() <= 2.0
+
+
+def test_bc_gaussian_fits_the_logged_actions_as_they_are(pendulum_dataset):
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchDiagGaussian
+
+    logged = dataset.load_arrays(pendulum_dataset)[Col.ACTIONS]
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, action_distribution=GAUSSIAN)
+    with built_algorithm("bc", params, pendulum_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID].unwrapped()
+        assert module.get_train_action_dist_cls() is TorchDiagGaussian
+        actions = train_columns(algorithm, ROWS)[ACTIONS].numpy()
+    assert np.isin(actions, logged).all() and np.abs(actions).max() == 2.0  # the torque bound itself
 
 
 def test_bc_squashed_gaussian_leaves_discrete_actions_categorical(mixture_dataset):
