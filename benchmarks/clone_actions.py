@@ -1,0 +1,103 @@
+"""Where BC's clones act, against the data's own actions: how often each joint is at its bound, for the data and for
+the greedy actions of BC over a plain Gaussian and over a tanh-squashed one (`algos.bc.action_distribution`).
+
+Trains BC with each distribution on the dataset with params.yaml's settings (its `per_dataset` values and `--set`
+included), or reads the modules kept in `--checkpoints` by an earlier run (one folder per distribution); then acts
+greedily on every logged observation, as evaluation acts. Printed, for the data and each clone: the share of rows with
+some joint at its bound (within 1 % of the action range's half-width), that share per joint, the mean magnitude of the
+actions and the clone's mean distance from the logged action, both in half-widths; then the clones' mean distance from
+each other.
+
+    python -m benchmarks.clone_actions --params benchmarks/mujoco/params.yaml \\
+        --dataset benchmarks/mujoco/datasets/hopper-medium-replay --checkpoints /tmp/bc-hopper-medium-replay
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+import dataset_format as dataset
+from benchmarks.quality_table import field_value
+from common.errors import UserError, exit_on_user_error
+from common.ray_runtime import start_ray
+from common.trained_policy import ModulePolicy, load_rl_module
+from dataset_format import Col
+from pipelines.params import load_params
+from training.config import ACTION_DISTRIBUTIONS
+
+# Rows through a policy at once.
+CHUNK_ROWS = 65_536
+# An action within this share of the half-width from a bound counts as at the bound.
+AT_BOUND = 0.01
+
+
+def unit(actions: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
+    """Actions rescaled from the space's bounds to [-1, 1]."""
+    return 2.0 * (actions.astype(np.float64) - space.low) / (space.high - space.low) - 1.0
+
+
+def greedy_actions(policy: ModulePolicy, obs: np.ndarray) -> np.ndarray:
+    return np.concatenate([policy.act(obs[first:first + CHUNK_ROWS], [], None)[0]
+                           for first in range(0, len(obs), CHUNK_ROWS)])
+
+
+def summary(actions: np.ndarray, logged: np.ndarray) -> dict:
+    """Shares at the bounds of actions in [-1, 1], their mean magnitude and their mean distance from the logged ones
+    (also in [-1, 1])."""
+    at_bound = np.abs(actions) >= 1.0 - AT_BOUND
+    return {"any_joint": float(at_bound.any(axis=1).mean()), "per_joint": at_bound.mean(axis=0).tolist(),
+            "magnitude": float(np.abs(actions).mean()), "distance": float(np.abs(actions - logged).mean())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", required=True)
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--checkpoints", type=Path, required=True,
+                        help="where the trained clones are kept, one folder per distribution: trained here if absent")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
+                        help="a BC hyper-parameter's value instead of params.yaml's (e.g. lr=0.0003)")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    card = dataset.read_card(args.dataset)
+    observation_space, action_space = card.spaces
+    if len(observation_space.shape) != 1 or not isinstance(action_space, gym.spaces.Box):
+        raise UserError(f"{args.dataset}: this script reads vector observations and continuous actions only")
+    bc = dataclasses.replace(params.algos.get("bc").for_dataset(card.name), **dict(args.set))
+    table = dataset.read_table(args.dataset, (Col.OBS, Col.ACTIONS))
+    obs = dataset.column_to_numpy(table[Col.OBS]).astype(np.float32)
+    logged = unit(dataset.column_to_numpy(table[Col.ACTIONS]), action_space)
+    missing = [name for name in ACTION_DISTRIBUTIONS if not (args.checkpoints / name).exists()]
+    if missing:
+        from benchmarks.quality_table import train_ours
+
+        start_ray(params.ray.num_cpus)
+        for name in missing:
+            train_ours("bc", dataclasses.replace(bc, action_distribution=name), args.dataset, args.seed,
+                       args.checkpoints / name)
+    clones = {name: unit(greedy_actions(ModulePolicy(load_rl_module(args.checkpoints / name), action_space,
+                                                     greedy=True), obs), action_space)
+              for name in ACTION_DISTRIBUTIONS}
+    rows = {"data": summary(logged, logged), **{f"BC, {name}": summary(actions, logged)
+                                                for name, actions in clones.items()}}
+    settings = ", ".join(f"{key}={value}" for key, value in args.set)
+    print(f"{card.name}: {len(logged):,} rows; BC with lr {bc.lr}, {bc.iterations * bc.updates_per_iteration:,} "
+          f"updates{f' (--set {settings})' if settings else ''}, seed {args.seed}\n")
+    joints = logged.shape[1]
+    print("| actions | some joint at a bound | " + " | ".join(f"joint {j}" for j in range(joints))
+          + " | mean magnitude | mean distance from the logged action |\n|---|---|" + "---|" * (joints + 2))
+    for name, row in rows.items():
+        print(f"| {name} | {row['any_joint']:.3f} | " + " | ".join(f"{share:.3f}" for share in row["per_joint"])
+              + f" | {row['magnitude']:.3f} | {row['distance']:.3f} |")
+    first, second = clones.values()
+    print(f"\nThe clones' mean distance from each other: {np.abs(first - second).mean():.3f}")
+
+
+if __name__ == "__main__":
+    exit_on_user_error(main)
