@@ -214,6 +214,13 @@ def orl(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> s
     return subprocess.run([ORL, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def run_benchmark(module: str, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Runs `python -m benchmarks.MODULE ARGS` from the repository's root, on the session's Ray."""
+    env = {"RAY_ADDRESS": session_ray(), **os.environ}
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def assert_minari_round_trip(workdir: Path, name: str, env, tmp_path: Path) -> None:
     """`orl datasets export` of workdir's datasets/NAME to a Minari store under tmp_path, then `orl datasets import`
     of it (with `env`) gives the same rows, less action_logp (Minari keeps no log-probabilities)."""

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 
 import gymnasium as gym
 import numpy as np
@@ -13,7 +11,7 @@ import pytest
 import yaml
 
 from benchmarks.clone_actions import summary, unit
-from tests.conftest import REPO, assert_user_error, session_ray
+from tests.conftest import REPO, assert_user_error, run_benchmark
 
 
 def test_shares_at_the_bounds_and_the_distance_are_read_in_half_widths():
@@ -36,12 +34,10 @@ def test_it_trains_each_clone_once_then_reads_them(pendulum_dataset, tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["algos"]["bc"].update(iterations=1, updates_per_iteration=5)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    command = [sys.executable, "-m", "benchmarks.clone_actions", "--params", str(tmp_path / "params.yaml"),
-               "--dataset", str(pendulum_dataset), "--checkpoints", str(tmp_path / "bc"), "--set", "lr=0.0003"]
-    env = {**os.environ, "RAY_ADDRESS": session_ray()}
 
     def run() -> subprocess.CompletedProcess:
-        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+        result = run_benchmark("clone_actions", "--params", tmp_path / "params.yaml", "--dataset", pendulum_dataset,
+                               "--checkpoints", tmp_path / "bc", "--set", "lr=0.0003")
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 
@@ -58,7 +54,6 @@ def test_it_trains_each_clone_once_then_reads_them(pendulum_dataset, tmp_path):
 
 
 def test_it_refuses_a_dataset_that_is_not_there(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks.clone_actions", "--params", str(REPO / "params.yaml"),
-                             "--dataset", str(tmp_path / "nothing"), "--checkpoints", str(tmp_path / "bc")],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_benchmark("clone_actions", "--params", REPO / "params.yaml", "--dataset", tmp_path / "nothing",
+                           "--checkpoints", tmp_path / "bc")
     assert_user_error(result, str(tmp_path / "nothing"), prog="clone_actions.py")

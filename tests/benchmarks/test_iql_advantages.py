@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
 from benchmarks.iql_advantages import summary
-from tests.conftest import REPO, assert_user_error, session_ray
+from tests.conftest import REPO, assert_user_error, run_benchmark
 
 
 def test_the_weight_goes_to_the_episodes_whose_actions_have_the_advantage():
@@ -41,12 +39,10 @@ def test_it_trains_iql_once_then_reads_its_checkpoint(pendulum_dataset, tmp_path
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["algos"]["iql"].update(iterations=1, updates_per_iteration=5)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    command = [sys.executable, "-m", "benchmarks.iql_advantages", "--params", str(tmp_path / "params.yaml"),
-               "--dataset", str(pendulum_dataset), "--checkpoint", str(tmp_path / "iql")]
-    env = {**os.environ, "RAY_ADDRESS": session_ray()}
 
     def run() -> subprocess.CompletedProcess:
-        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+        result = run_benchmark("iql_advantages", "--params", tmp_path / "params.yaml", "--dataset", pendulum_dataset,
+                               "--checkpoint", tmp_path / "iql")
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 
@@ -60,7 +56,6 @@ def test_it_trains_iql_once_then_reads_its_checkpoint(pendulum_dataset, tmp_path
 
 
 def test_it_refuses_a_dataset_that_is_not_there(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks.iql_advantages", "--params", str(REPO / "params.yaml"),
-                             "--dataset", str(tmp_path / "nothing"), "--checkpoint", str(tmp_path / "iql")],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_benchmark("iql_advantages", "--params", REPO / "params.yaml", "--dataset", tmp_path / "nothing",
+                           "--checkpoint", tmp_path / "iql")
     assert_user_error(result, str(tmp_path / "nothing"), prog="iql_advantages.py")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from collectors.rollout import rollout_returns
 from evaluation import ope_validation
 from evaluation.references import normalized_score, reference_path
 from pipelines.params import load_params
-from tests.conftest import REPO, assert_user_error, session_ray
+from tests.conftest import REPO, assert_user_error, run_benchmark
 from tests.evaluation.test_evaluate import REFERENCE
 
 pytestmark = pytest.mark.slow  # two tiny trainings and a few CartPole episodes each
@@ -67,11 +65,9 @@ def score(env, checkpoint: Path, seed: int, episodes: int) -> list[float]:
 
 
 def read_again(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {"RAY_ADDRESS": session_ray(), **os.environ}
-    return subprocess.run([sys.executable, "-m", "benchmarks.ope_truth_noise", "--results", root / "validation",
-                           "--params", root / "params.yaml", "--datasets-dir", root / "datasets", "--references",
-                           root / "references", "--candidates", root / "candidates", *args], cwd=REPO,
-                          capture_output=True, text=True, env=env, timeout=600)
+    return run_benchmark("ope_truth_noise", "--results", root / "validation", "--params", root / "params.yaml",
+                         "--datasets-dir", root / "datasets", "--references", root / "references", "--candidates",
+                         root / "candidates", *args)
 
 
 def test_each_candidate_is_scored_again_on_fresh_seeds_and_the_first_truth_validated_against_it(validated):
