@@ -28,6 +28,7 @@ from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from pipelines.params import load_params
+from training.algorithms.batch_columns import unit_actions
 from training.config import ACTION_DISTRIBUTIONS
 
 # Rows through a policy at once.
@@ -37,8 +38,8 @@ AT_BOUND = 0.01
 
 
 def unit(actions: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
-    """Actions rescaled from the space's bounds to [-1, 1]."""
-    return 2.0 * (actions.astype(np.float64) - space.low) / (space.high - space.low) - 1.0
+    """Actions rescaled from the space's bounds to [-1, 1], without the margin the squashed clone is trained with."""
+    return unit_actions(actions, space.low, space.high, margin=0.0)
 
 
 def greedy_actions(policy: ModulePolicy, obs: np.ndarray) -> np.ndarray:
