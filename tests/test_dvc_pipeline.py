@@ -46,7 +46,6 @@ def repo(tmp_path_factory, user_env) -> Path:
     root = tmp_path_factory.mktemp("repo")
     params = copy_pipeline(root)
     params["datasets"] = {
-        "cartpole-random": {"env": "CartPole-v1", "episodes": 20, "seed": 1, "policy": {"kind": "random"}},
         "cartpole-expert": {"env": "CartPole-v1", "episodes": 20, "seed": 3, "policy": CARTPOLE_CONTROLLER},
         "corridor-mixed": {"env": CORRIDOR.to_dict(), "episodes": 60, "seed": 0,
                            "policy": {"kind": "mixture", "epsilon": 0.3, "base": WALK_RIGHT}},
@@ -100,7 +99,7 @@ def write_shop_log(path: Path) -> None:
 
 def test_repro_produces_datasets_runs_and_report(repo):
     assert {p.name for p in (repo / "datasets").iterdir() if p.is_dir()} == {
-        "cartpole-random", "cartpole-expert", "corridor-mixed", "cartpole-learned", "cartpole-ppo", "shop-log",
+        "cartpole-expert", "corridor-mixed", "cartpole-learned", "cartpole-ppo", "shop-log",
         "cartpole-ppo-replay"}  # the train_online stage's replay of every episode PPO trained on
     replay = dataset.validate(repo / "datasets" / "cartpole-ppo-replay")
     assert replay.env_id == "CartPole-v1" and replay.behavior_policy["kind"] == "logged"
