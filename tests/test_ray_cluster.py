@@ -57,18 +57,14 @@ def nodes_named(stderr: str, label: str) -> dict[str, int]:
     return {node: int(count) for node, count in re.findall(r"(\w{8}) (\d+)", line.split(": ", 1)[1])}
 
 
-# Ray's GCS declares a node dead after 5 failed health checks 3 s apart, 15 s that each node-loss test waits out.
-# Checked every 0.5 s, a lost node is dead after 2.5 s; a check still fails only when refused or silent for 10 s.
-FAST_NODE_DEATH = {"RAY_health_check_period_ms": "500"}
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The cluster, with token authentication as a new Ray has by default, so its mode does not depend on whether
     the session's Ray, which sets RAY_AUTH_MODE in this process, started before it."""
     with pytest.MonkeyPatch.context() as patch:  # the cluster's process and its nodes inherit it; `orl` does not
-        for name, value in FAST_NODE_DEATH.items():
-            patch.setenv(name, value)
+        # Ray's GCS declares a node dead after 5 failed health checks, 3 s apart by default: 15 s that each node-loss
+        # test would wait out. Every 0.5 s, 2.5 s; a check still fails only when refused, or silent for 10 s.
+        patch.setenv("RAY_health_check_period_ms", "500")
         cluster = RayCluster(tmp_path_factory.mktemp("cluster") / "cluster.log", token=secrets.token_hex(16))
     cluster.add_worker()
     yield cluster
