@@ -318,6 +318,20 @@ def upload(local: Path, bucket: str, prefix: str) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
+@pytest.fixture
+def tracking_uri(monkeypatch):
+    """Sets MLflow's tracking URI for one test; afterwards MLflow's global URI is unset and MLFLOW_TRACKING_URI
+    put back. `mlflow.set_tracking_uri` alone would leave the variable set for the `orl` of every later test."""
+    import mlflow
+
+    def use(uri: str) -> None:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # recorded, so restored; set_tracking_uri sets it too
+        mlflow.set_tracking_uri(uri)
+
+    yield use
+    mlflow.set_tracking_uri(None)  # before monkeypatch restores the variable, which this unsets
+
+
 MLFLOW_BUCKET = "mlflow"
 
 

@@ -77,8 +77,8 @@ def test_learners_build_a_cnn_over_channels_last_frames(workdir, algo):
     assert "TorchCNNEncoder" in {type(m).__name__ for m in module.modules()}
 
 
-def test_bc_is_evaluated_in_the_env_and_its_mlflow_model_predicts_from_frames(workdir):
-    import mlflow
+def test_bc_is_evaluated_in_the_env_and_its_mlflow_model_predicts_from_frames(workdir, tracking_uri):
+    import mlflow.pyfunc
 
     run_orl("evaluate", "runs/bc", "--references", "references", cwd=workdir)
     metrics = json.loads((workdir / "runs" / "bc" / "eval.json").read_text())
@@ -86,13 +86,9 @@ def test_bc_is_evaluated_in_the_env_and_its_mlflow_model_predicts_from_frames(wo
 
     info = json.loads((workdir / "runs" / "bc" / "run.json").read_text())
     assert info["registered_model"]["name"] == "ALE-Pong-v5-bc"  # a registered model's name takes no "/"
-    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
-    try:
-        model = mlflow.pyfunc.load_model(info["registered_model"]["uri"])
-        frames = dataset.load_arrays(workdir / "datasets" / "pong")[Col.OBS][:5].reshape(5, 4, 84, 84)
-        actions = model.predict(frames)
-    finally:
-        mlflow.set_tracking_uri(None)
+    tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model(info["registered_model"]["uri"])
+    actions = model.predict(dataset.load_arrays(workdir / "datasets" / "pong")[Col.OBS][:5].reshape(5, 4, 84, 84))
     assert actions.shape == (5,) and set(actions.tolist()) <= set(range(6))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
-import mlflow
 import numpy as np
 import pytest
 
@@ -32,19 +31,6 @@ def observations(env_id: str, rows: int) -> np.ndarray:
         return np.stack([env.reset(seed=i)[0] for i in range(rows)])
     finally:
         env.close()
-
-
-@pytest.fixture
-def tracking_uri(monkeypatch):
-    """Sets MLflow's tracking URI for one test; afterwards MLflow's global URI is unset and MLFLOW_TRACKING_URI
-    put back."""
-
-    def use(uri: str) -> None:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # recorded, so restored; set_tracking_uri sets it too
-        mlflow.set_tracking_uri(uri)
-
-    yield use
-    mlflow.set_tracking_uri(None)  # before monkeypatch restores the variable, which this unsets
 
 
 def test_random_logp_is_minus_log_n_for_discrete_and_its_samples_are_uniform():

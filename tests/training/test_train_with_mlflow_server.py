@@ -88,13 +88,13 @@ def test_evaluate_samples_bcs_actions_when_asked(trained_run, ray_local, tmp_pat
     assert "| cartpole-expert | bc (sampled) |" in summary
 
 
-def test_registered_model_predicts_and_acts_in_the_env(trained_run):
+def test_registered_model_predicts_and_acts_in_the_env(trained_run, tracking_uri):
     import mlflow.pyfunc
 
     from common.trained_policy import ModulePolicy, load_rl_module
 
     run_dir, uri = trained_run
-    mlflow.set_tracking_uri(uri)
+    tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"models:/CartPole-v1-bc@{NEWEST_ALIAS}")
     assert model.metadata.signature.inputs.inputs[0].shape == (-1, 4)
     checkpoint_policy = ModulePolicy(load_rl_module(run_dir / "checkpoint"), gym.spaces.Discrete(2), greedy=True)
@@ -192,14 +192,14 @@ def test_a_runs_params_are_its_datasets_per_dataset_values(q_learning_runs):
 
 @pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("cql_dqn", "CartPole-v1"), ("cql", "Pendulum-v1"),
                                          ("iql", "CartPole-v1")])
-def test_every_q_learning_model_predicts_the_checkpoints_greedy_actions(q_learning_runs, algo, env_id):
+def test_every_q_learning_model_predicts_the_checkpoints_greedy_actions(q_learning_runs, algo, env_id, tracking_uri):
     import mlflow.pyfunc
 
     from common.envs import env_spaces
     from common.trained_policy import ModulePolicy, load_rl_module
 
     runs, uri = q_learning_runs
-    mlflow.set_tracking_uri(uri)
+    tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"models:/{env_id}-{algo}@{NEWEST_ALIAS}")
     observation_space, action_space = env_spaces(env_id)
     checkpoint_policy = ModulePolicy(load_rl_module(runs[algo] / "checkpoint"), action_space, greedy=True)
