@@ -19,15 +19,18 @@ setup: $(INSTALLED)
 pipeline: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" orl repro
 
-# The full suite, as CI runs it, in two pytest processes that share out its files: one alone leaves the cores a third
-# idle while it waits on servers, clusters and start-ups. One torch thread each: two per process would spin against
-# each other's (docs/testing.md).
+# Both tiers run in two pytest processes that share out the test files: one alone leaves the cores a third idle while
+# it waits on servers, clusters and start-ups. One torch thread each: two per process would spin against each other's
+# (docs/testing.md).
+PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+
+# The full suite, as CI runs it.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	$(PYTEST)
 
 # The quick tier for the edit loop (docs/testing.md): every package's unit tests, without the tests marked slow.
 test-quick: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow" --durations=5
+	$(PYTEST) -m "not slow" --durations=5
 
 # After a change to code or params: re-runs only the stages it made stale, in this working copy, then lists what to
 # commit with the change (tests/test_dvc_lock.py fails while dvc.lock is stale).
