@@ -1,12 +1,13 @@
 """Where BC's clones act, against the data's own actions: how often each joint is at its bound, for the data and for
-the greedy actions of BC over a plain Gaussian and over a tanh-squashed one (`algos.bc.action_distribution`).
+the greedy actions of BC over a plain Gaussian and over a tanh-squashed one (`algos.bc.action_distribution`), at one
+training seed or several.
 
-Trains BC with each distribution on the dataset with params.yaml's settings (its `per_dataset` values and `--set`
-included), or reads the modules kept in `--checkpoints` by an earlier run (one folder per distribution); then acts
+Trains BC with each distribution and seed on the dataset with params.yaml's settings (its `per_dataset` values and
+`--set` included), or reads the modules kept in `--checkpoints` by an earlier run (one folder per clone); then acts
 greedily on every logged observation, as evaluation acts. Printed, for the data and each clone: the share of rows with
 some joint at its bound (within 1 % of the action range's half-width), that share per joint, the mean magnitude of the
-actions and the clone's mean distance from the logged action, both in half-widths; then the clones' mean distance from
-each other.
+actions and the clone's mean distance from the logged action, both in half-widths; with `--references`, each clone's
+normalized score on params.yaml's evaluation episodes; with two clones, their mean distance from each other.
 
     python -m benchmarks.clone_actions --params benchmarks/mujoco/params.yaml \\
         --dataset benchmarks/mujoco/datasets/hopper-medium-replay --checkpoints /tmp/bc-hopper-medium-replay
@@ -23,10 +24,13 @@ import numpy as np
 
 import dataset_format as dataset
 from benchmarks.quality_table import field_value
+from collectors.config import PolicyConfig
+from collectors.rollout import rollout_returns
 from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
+from evaluation.references import normalized_score, read_reference
 from pipelines.params import load_params
 from training.algorithms.batch_columns import unit_actions
 from training.config import ACTION_DISTRIBUTIONS
@@ -60,8 +64,11 @@ def main() -> None:
     parser.add_argument("--params", required=True)
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--checkpoints", type=Path, required=True,
-                        help="where the trained clones are kept, one folder per distribution: trained here if absent")
-    parser.add_argument("--seed", type=int, default=0)
+                        help="where the trained clones are kept, one folder per clone: trained here if absent")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--distributions", nargs="+", choices=ACTION_DISTRIBUTIONS, default=list(ACTION_DISTRIBUTIONS))
+    parser.add_argument("--references", type=Path,
+                        help="the references folder of the dataset's env: each clone is evaluated and its score shown")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
                         help="a BC hyper-parameter's value instead of params.yaml's (e.g. lr=0.0003)")
     args = parser.parse_args()
@@ -70,35 +77,48 @@ def main() -> None:
     observation_space, action_space = card.spaces
     if len(observation_space.shape) != 1 or not isinstance(action_space, gym.spaces.Box):
         raise UserError(f"{args.dataset}: this script reads vector observations and continuous actions only")
+    if args.references and card.env is None:
+        raise UserError(f"{args.dataset} has no simulator to evaluate the clones on; leave out --references")
+    reference = args.references and read_reference(args.references, card.env.label, params.evaluate)
     bc = dataclasses.replace(params.algos.get("bc").for_dataset(card.name), **dict(args.set))
     table = dataset.read_table(args.dataset, (Col.OBS, Col.ACTIONS))
     obs = dataset.column_to_numpy(table[Col.OBS]).astype(np.float32)
     logged = unit(dataset.column_to_numpy(table[Col.ACTIONS]), action_space)
-    missing = [name for name in ACTION_DISTRIBUTIONS if not (args.checkpoints / name).exists()]
-    if missing:
-        from benchmarks.quality_table import train_ours
-
+    checkpoints = {(name, seed): args.checkpoints / f"{name}-seed{seed}"
+                   for name in args.distributions for seed in args.seeds}
+    if reference or not all(path.exists() for path in checkpoints.values()):
         start_ray(params.ray.num_cpus)
-        for name in missing:
-            train_ours("bc", dataclasses.replace(bc, action_distribution=name), args.dataset, args.seed,
-                       args.checkpoints / name)
-    clones = {name: unit(greedy_actions(ModulePolicy(load_rl_module(args.checkpoints / name), action_space,
-                                                     greedy=True), obs), action_space)
-              for name in ACTION_DISTRIBUTIONS}
-    rows = {"data": summary(logged, logged), **{f"BC, {name}": summary(actions, logged)
-                                                for name, actions in clones.items()}}
+    rows = {"data": summary(logged, logged)}
+    clones = {}
+    for (name, seed), path in checkpoints.items():
+        if not path.exists():
+            from benchmarks.quality_table import train_ours
+
+            train_ours("bc", dataclasses.replace(bc, action_distribution=name), args.dataset, seed, path)
+        label = f"BC, {name}, seed {seed}"
+        clones[label] = unit(greedy_actions(ModulePolicy(load_rl_module(path), action_space, greedy=True), obs),
+                             action_space)
+        rows[label] = summary(clones[label], logged)
+        if reference:
+            policy = PolicyConfig(kind="model", model=str(path), greedy=True)
+            returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
+                                      params.evaluate.num_workers, label=f"evaluate {label}").returns
+            rows[label]["score"] = normalized_score(float(np.mean(returns)), reference)
     settings = ", ".join(f"{key}={value}" for key, value in args.set)
     print(f"{card.name}: {len(logged):,} rows; BC with lr {bc.lr}, {bc.iterations * bc.updates_per_iteration:,} "
-          f"updates{f' (--set {settings})' if settings else ''}, seed {args.seed}\n")
+          f"updates{f' (--set {settings})' if settings else ''}\n")
     joints = logged.shape[1]
+    scored = " | normalized score" if reference else ""
     print("| actions | some joint at a bound | " + " | ".join(f"joint {j}" for j in range(joints))
-          + " | mean magnitude | mean distance from the logged action |\n|---|---|" + "---|" * (joints + 2))
+          + f" | mean magnitude | mean distance from the logged action{scored} |\n|---|---|"
+          + "---|" * (joints + 2 + bool(reference)))
     for name, row in rows.items():
+        score = f" | {row['score']:.1f}" if "score" in row else " | " if reference else ""
         print(f"| {name} | {row['any_joint']:.3f} | " + " | ".join(f"{share:.3f}" for share in row["per_joint"])
-              + f" | {row['magnitude']:.3f} | {row['distance']:.3f} |")
-    first, second = clones.values()
-    print(f"\nThe clones' mean distance from each other: {np.abs(first - second).mean():.3f}")
-
+              + f" | {row['magnitude']:.3f} | {row['distance']:.3f}{score} |")
+    if len(clones) == 2:
+        first, second = clones.values()
+        print(f"\nThe clones' mean distance from each other: {np.abs(first - second).mean():.3f}")
 
 if __name__ == "__main__":
     exit_on_user_error(main)
