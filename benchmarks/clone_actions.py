@@ -79,7 +79,7 @@ def main() -> None:
         raise UserError(f"{args.dataset}: this script reads vector observations and continuous actions only")
     if args.references and card.env is None:
         raise UserError(f"{args.dataset} has no simulator to evaluate the clones on; leave out --references")
-    reference = args.references and read_reference(args.references, card.env.label, params.evaluate)
+    reference = read_reference(args.references, card.env.label, params.evaluate) if args.references else None
     bc = dataclasses.replace(params.algos.get("bc").for_dataset(card.name), **dict(args.set))
     table = dataset.read_table(args.dataset, (Col.OBS, Col.ACTIONS))
     obs = dataset.column_to_numpy(table[Col.OBS]).astype(np.float32)
@@ -107,18 +107,19 @@ def main() -> None:
     settings = ", ".join(f"{key}={value}" for key, value in args.set)
     print(f"{card.name}: {len(logged):,} rows; BC with lr {bc.lr}, {bc.iterations * bc.updates_per_iteration:,} "
           f"updates{f' (--set {settings})' if settings else ''}\n")
-    joints = logged.shape[1]
-    scored = " | normalized score" if reference else ""
-    print("| actions | some joint at a bound | " + " | ".join(f"joint {j}" for j in range(joints))
-          + f" | mean magnitude | mean distance from the logged action{scored} |\n|---|---|"
-          + "---|" * (joints + 2 + bool(reference)))
+    header = ["actions", "some joint at a bound", *(f"joint {j}" for j in range(logged.shape[1])), "mean magnitude",
+              "mean distance from the logged action", *(["normalized score"] if reference else [])]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for name, row in rows.items():
-        score = f" | {row['score']:.1f}" if "score" in row else " | " if reference else ""
-        print(f"| {name} | {row['any_joint']:.3f} | " + " | ".join(f"{share:.3f}" for share in row["per_joint"])
-              + f" | {row['magnitude']:.3f} | {row['distance']:.3f}{score} |")
+        cells = [name, f"{row['any_joint']:.3f}", *(f"{share:.3f}" for share in row["per_joint"]),
+                 f"{row['magnitude']:.3f}", f"{row['distance']:.3f}"]
+        if reference:
+            cells.append(f"{row['score']:.1f}" if "score" in row else "")  # the data's row has none
+        print("| " + " | ".join(cells) + " |")
     if len(clones) == 2:
         first, second = clones.values()
         print(f"\nThe clones' mean distance from each other: {np.abs(first - second).mean():.3f}")
+
 
 if __name__ == "__main__":
     exit_on_user_error(main)
