@@ -77,8 +77,13 @@ def image_stack(card: dict) -> tuple[int, int, int] | None:
 
 
 def image_rows(column: pa.Array) -> np.ndarray:
-    """A column of images as uint8 values, stored one binary value each (schema version 2) or as lists (version 1);
-    dataset_format's `column_to_numpy`, which this virtualenv cannot import."""
+    """A column of images as uint8 values, stored as dictionary-encoded frames (schema version 3), one binary value
+    each (version 2) or as lists (version 1); dataset_format's `column_to_numpy`, which this virtualenv cannot
+    import."""
+    if pa.types.is_fixed_size_list(column.type) and pa.types.is_dictionary(column.type.value_type):
+        frames = column.flatten()
+        return np.frombuffer(b"".join(frames.dictionary.to_pylist()), np.uint8).reshape(
+            len(frames.dictionary), -1)[frames.indices.to_numpy()]
     if pa.types.is_fixed_size_binary(column.type):
         width = column.type.byte_width
         return np.frombuffer(column.buffers()[1], np.uint8, len(column) * width, column.offset * width)

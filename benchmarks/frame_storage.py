@@ -1,12 +1,13 @@
-"""Images stored as lists of bytes (dataset schema version 1) against one binary value each (version 2): the same
-rows written, validated and read back both ways in one run, each step's time in the two and their ratio.
+"""Images as each dataset schema version stores them: lists of bytes (version 1), one binary value each (version 2),
+dictionary-encoded frames (version 3). The same rows written, validated and read back each way in one run, each
+step's time in each and the ratio of the last version named to the first.
 
-The rows of `--dataset` (an image dataset of either version; with `--files`, of its first files) are held in memory,
+The rows of `--dataset` (an image dataset of any version; with `--files`, of its first files) are held in memory,
 then written as each version into a temporary directory with the writer's settings (zstd, row groups of about 32 MiB).
 Then, on each copy: the checks every reader runs (`validate`), what training and `orl ope` hold in memory
 (`read_frames`), and the `obs` column of every row group, read as a stream reads it and made a uint8 array.
 
-    python -m benchmarks.frame_storage --dataset DATASET --files 3
+    python -m benchmarks.frame_storage --dataset DATASET --files 3 --versions 2 3
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import dataset_format as dataset
 from common.errors import exit_on_user_error
 from common.observations import ModelInput
 from dataset_format import Col
+
+
+VERSIONS = {1: "lists", 2: "bytes", 3: "frames"}
 
 
 def timed(work) -> float:
@@ -52,6 +56,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, required=True, help="an image dataset")
     parser.add_argument("--files", type=int, help="its first FILES files only (held in memory as arrays: a Pong "
                         "transition's frames are 56 KB)")
+    parser.add_argument("--versions", type=int, nargs="+", default=[2, dataset.SCHEMA_VERSION],
+                        choices=range(1, dataset.SCHEMA_VERSION + 1))
     args = parser.parse_args()
     card = dataset.read_card(args.dataset)
     card = dataclasses.replace(card, files=card.files[:args.files])
@@ -64,14 +70,16 @@ def main() -> None:
     card = dataclasses.replace(card, episodes=sum(len(np.unique(columns[Col.EPS_ID])) for columns in arrays))
     with tempfile.TemporaryDirectory() as tmp:
         results = {version: measure(arrays, dataclasses.replace(card, schema_version=version),
-                                    Path(tmp) / f"v{version}") for version in (1, 2)}
+                                    Path(tmp) / f"v{version}") for version in args.versions}
+    first, last = args.versions[0], args.versions[-1]
     print(f"{args.dataset}: {rows:,} transitions, {len(card.files)} files")
-    print("| step | lists (version 1) | bytes (version 2) | version 2 / version 1 |")
-    print("|---|---|---|---|")
-    for step in results[1]:
+    print(f"| step | {' | '.join(f'{VERSIONS[v]} (version {v})' for v in args.versions)} | "
+          f"version {last} / version {first} |")
+    print("|---|" + "---|" * (len(args.versions) + 1))
+    for step in results[first]:
         unit = "" if step == "MB on disk" else " s"
-        print(f"| {step} | {results[1][step]:.2f}{unit} | {results[2][step]:.2f}{unit} | "
-              f"{results[2][step] / results[1][step]:.2f} |")
+        cells = [f"{results[version][step]:.2f}{unit}" for version in args.versions]
+        print(f"| {step} | {' | '.join(cells)} | {results[last][step] / results[first][step]:.2f} |")
 
 
 if __name__ == "__main__":

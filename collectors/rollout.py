@@ -24,7 +24,8 @@ from collectors.config import PolicyConfig
 from collectors.policies import Policy, RandomPolicy, build_policy, worker_env_vars
 from common.envs import EnvSpec, make_env, step_actions
 from common.trained_policy import is_mlflow_uri
-from dataset_format import Col, arrow_schema, episode_stats, require_storable, transitions_table
+from dataset_format import (Col, FrameColumn, FrameNumbering, arrow_schema, episode_stats, flat_dim, is_frames_type,
+                            require_storable, transitions_table)
 
 
 def episode_seeds(seed: int, eps_id: int) -> tuple[int, np.random.Generator]:
@@ -56,6 +57,9 @@ class EpisodeRunner:
         self.observations = observations
         if not observations:
             self.schema = pa.schema([f for f in self.schema if f.name not in (Col.OBS, Col.NEW_OBS)])
+        obs_type = self.schema.field(Col.OBS).type if observations else None
+        # Images stored as frames are recorded as frames: each distinct one once a task, not 8 times a transition.
+        self.frame_count = obs_type.list_size if observations and is_frames_type(obs_type) else 0
         self.random_policy = RandomPolicy(action_space)
         self.random_episodes = policy_config.random_episodes
         self.seed = seed
@@ -79,6 +83,10 @@ class EpisodeRunner:
                                                   Col.TERMINATEDS, Col.TRUNCATEDS, Col.ACTION_LOGP)}
         eps_of, rng_of, obs_of = [0] * len(envs), [None] * len(envs), [None] * len(envs)
         by_random = [False] * len(envs)
+        frames, frame_ids_of = FrameNumbering(), [None] * len(envs)
+
+        def frame_ids(observation: np.ndarray) -> np.ndarray:
+            return frames.ids(observation.reshape(1, self.frame_count, -1))[0]
 
         def start(slot: int) -> bool:
             """Starts the next pending episode on `slot`'s env; False when none is left."""
@@ -87,6 +95,8 @@ class EpisodeRunner:
                 return False
             env_seed, rng_of[slot] = episode_seeds(self.seed, eps_id)
             obs_of[slot], _ = envs[slot].reset(seed=env_seed)
+            if self.frame_count:
+                frame_ids_of[slot] = frame_ids(obs_of[slot])
             eps_of[slot] = eps_id
             # Drawn only for mixed data, so other datasets' random streams (and bytes) stay as they were.
             by_random[slot] = self.random_episodes > 0 and rng_of[slot].random() < self.random_episodes
@@ -102,7 +112,11 @@ class EpisodeRunner:
             for row, i in enumerate(active):
                 new_obs, reward, terminated, truncated, _ = envs[i].step(env_actions[row])
                 steps[Col.EPS_ID].append(eps_of[i])
-                if self.observations:
+                if self.frame_count:
+                    steps[Col.OBS].append(frame_ids_of[i])
+                    frame_ids_of[i] = frame_ids(new_obs)
+                    steps[Col.NEW_OBS].append(frame_ids_of[i])
+                elif self.observations:
                     steps[Col.OBS].append(obs[row])
                     steps[Col.NEW_OBS].append(new_obs)
                 steps[Col.ACTIONS].append(actions[row])
@@ -118,6 +132,11 @@ class EpisodeRunner:
         eps_id = np.asarray(steps.pop(Col.EPS_ID), dtype=np.int64)
         order = np.argsort(eps_id, kind="stable")
         columns = {name: _in_order(values, order) for name, values in steps.items() if values}
+        if self.frame_count:
+            frame_bytes = flat_dim(envs[0].observation_space) // self.frame_count
+            distinct = frames.array((frame_bytes,), np.uint8)
+            for name in (Col.OBS, Col.NEW_OBS):
+                columns[name] = FrameColumn(distinct, columns[name])
         columns[Col.EPS_ID] = eps_id[order]
         _, first_row, length = np.unique(columns[Col.EPS_ID], return_index=True, return_counts=True)
         columns[Col.T] = np.arange(len(order), dtype=np.int32) - np.repeat(first_row, length).astype(np.int32)

@@ -1,11 +1,11 @@
 """Image observations held in memory once per distinct frame, for readers that hold a whole dataset.
 
-A dataset stores each observation as the env gives it: a 4-frame stack (Gymnasium's FrameStackObservation) in
-`obs`, and again, shifted by a frame, in `new_obs`. On disk zstd finds the repeats; read as arrays, a transition
-holds eight frames, and as the float32 a network takes, 32 times one frame's uint8 bytes. `read_frames` reads the
-rows a batch of a few thousand at a time and keeps each distinct frame once: about one frame per transition, plus
-the stack's first frames at each episode's start. Observations become ids into a `FrameStore`, which rebuilds them,
-batch by batch, as the env gave them.
+A transition holds a 4-frame stack (Gymnasium's FrameStackObservation) in `obs`, and again, shifted by a frame, in
+`new_obs`. On disk a row group holds each distinct frame once a column (schema version 3; earlier versions store
+every stack whole, and zstd finds the repeats); read as arrays, a transition holds eight frames, and as the float32 a
+network takes, 32 times one frame's uint8 bytes. `read_frames` reads the rows a batch of a few thousand at a time and
+keeps each distinct frame once: about one frame per transition, plus the stack's first frames at each episode's
+start. Observations become ids into a `FrameStore`, which rebuilds them, batch by batch, as the env gave them.
 
 A frame is a plane of the image along its channel axis (the first or the last, `common/observations.ModelInput`'s
 rule); images whose planes never repeat (RGB, say) are held at their own size, plus 4 bytes per plane of index.
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from dataset_format.card import read_card
 from dataset_format.location import locate, storage_errors
 from dataset_format.readers import DatasetPath
-from dataset_format.schema import Col, column_to_numpy
+from dataset_format.schema import Col, FrameColumn, FrameNumbering, column_to_numpy, is_frames_type
 from dataset_format.validation import validate
 
 OBSERVATION_COLUMNS = (Col.OBS, Col.NEW_OBS)
@@ -86,16 +86,14 @@ def read_frames(path: DatasetPath, channels_first: bool) -> tuple[FrameStore, pa
     space, names = card.spaces[0], card.schema().names
     shape = space.shape
     frame_shape = shape[1:] if channels_first else shape[:-1]
-    frames, stacks, tables, next_id = _Frames(), [], [], 0
+    frames, stacks, tables, next_id = FrameNumbering(), [], [], 0
     with storage_errors(location):
         for entry in card.files:
             batches = pq.ParquetFile(location.path(entry["path"]), filesystem=location.fs).iter_batches(READ_ROWS)
             for batch in batches:
                 table = pa.Table.from_batches([batch]).select(names)
                 for name in OBSERVATION_COLUMNS:
-                    observations = column_to_numpy(table[name]).reshape(len(table), *shape)
-                    planes = observations if channels_first else np.moveaxis(observations, -1, 1)
-                    stacks.append(frames.ids(planes))
+                    stacks.append(_stack_ids(frames, table[name], shape, channels_first))
                     ids = pa.array(np.arange(next_id, next_id + len(table)), pa.int64())
                     table = table.set_column(table.schema.get_field_index(name), name, ids)
                     next_id += len(table)
@@ -104,20 +102,18 @@ def read_frames(path: DatasetPath, channels_first: bool) -> tuple[FrameStore, pa
     return store, pa.concat_tables(tables)
 
 
-class _Frames:
-    """Distinct frames by their bytes, each numbered once."""
+def _stack_ids(frames: FrameNumbering, column: pa.ChunkedArray, shape: tuple[int, ...],
+               channels_first: bool) -> np.ndarray:
+    """(rows, channels) numbers in `frames` of each observation's planes."""
+    frame_shape = shape[1:] if channels_first else shape[:-1]
+    if channels_first and is_frames_type(column.type) and column.type.list_size == shape[0]:
+        # Stored as these planes, each distinct one once: only those are numbered, not every observation's.
+        parts = []
+        for chunk in column.chunks:
+            stored = FrameColumn.of_arrow(chunk)
+            numbers = frames.ids(stored.frames.reshape(1, len(stored.frames), *frame_shape))[0]
+            parts.append(numbers[stored.ids])
+        return np.concatenate(parts)
+    observations = column_to_numpy(column).reshape(len(column), *shape)
+    return frames.ids(observations if channels_first else np.moveaxis(observations, -1, 1))
 
-    def __init__(self):
-        self.numbers: dict[bytes, int] = {}
-
-    def ids(self, planes: np.ndarray) -> np.ndarray:
-        """(rows, channels) numbers of the planes of (rows, channels, *frame shape), new ones numbered next."""
-        numbers = self.numbers
-        flat = planes.reshape(-1, *planes.shape[2:])
-        return np.fromiter((numbers.setdefault(plane.tobytes(), len(numbers)) for plane in flat), np.int32,
-                           len(flat)).reshape(planes.shape[:2])
-
-    def array(self, frame_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Every frame in number order (dicts keep insertion order); the bytes held so far are let go."""
-        joined, self.numbers = b"".join(self.numbers), {}
-        return np.frombuffer(joined, dtype).reshape(-1, *frame_shape)

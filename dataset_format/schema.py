@@ -7,8 +7,10 @@ so stock RLlib reads a dataset as-is:
     t       int32                          step within the episode, 0-based
     obs     fixed_size_list<T>[d]          observation before the step, flattened: T is float32 for a Box of floats,
                                            else the Box's own dtype; the card has its shape.
-            | fixed_size_binary(d)         an image (a uint8 Box of 2 or more dimensions, since schema version 2): the
-                                           observation's d bytes as one value, in the card's shape
+            | fixed_size_list<dictionary<int32, binary>>[f]
+                                           an image (a uint8 Box of 2 or more dimensions, since schema version 3):
+                                           its f frames (`frame_count`), each a dictionary-encoded value of its bytes,
+                                           so that a row group holds each distinct frame once
             | int64                        a Discrete observation (FrozenLake's cell, Taxi's state)
     actions int64 (Discrete) | fixed_size_list<float32>[k] (Box)
     rewards float32
@@ -20,6 +22,7 @@ so stock RLlib reads a dataset as-is:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -27,8 +30,9 @@ import pyarrow as pa
 
 from common.errors import UserError
 
-SCHEMA_VERSION = 2
-"""Version 2 stores images as one binary value per observation; version 1 (read still) as lists of bytes."""
+SCHEMA_VERSION = 3
+"""Version 3 stores an image as its frames, dictionary-encoded; versions 2 (one binary value per image) and 1 (lists
+of bytes) read still. Other columns are the same in all three."""
 
 
 class Col:
@@ -115,12 +119,31 @@ def stored_as_bytes(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) >= 2
 
 
+def frame_count(space: gym.spaces.Box) -> int:
+    """How many frames an image is stored as: its planes along the first axis where that is its channel axis
+    (shorter than the last, as common/observations.ModelInput reads it: FrameStackObservation's stacks of frames),
+    else one, the whole image. A frame-stacked dataset repeats each frame in up to 8 observations (4 in `obs`, 4 in
+    `new_obs`); stored as frames, a row group holds it once per column."""
+    shape = space.shape
+    return shape[0] if len(shape) >= 3 and shape[0] < shape[-1] else 1
+
+
+def frames_type(count: int) -> pa.DataType:
+    return pa.list_(pa.dictionary(pa.int32(), pa.binary()), count)
+
+
+def is_frames_type(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(arrow_type) and pa.types.is_dictionary(arrow_type.value_type)
+
+
 def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_logp: bool,
                  schema_version: int = SCHEMA_VERSION) -> pa.Schema:
     """The exact Arrow schema of a dataset with these spaces, as `schema_version` writes it."""
     if isinstance(observation_space, gym.spaces.Discrete):
         obs_type = pa.int64()
-    elif stored_as_bytes(observation_space) and schema_version >= 2:
+    elif stored_as_bytes(observation_space) and schema_version >= 3:
+        obs_type = frames_type(frame_count(observation_space))
+    elif stored_as_bytes(observation_space) and schema_version == 2:
         obs_type = pa.binary(flat_dim(observation_space))
     else:
         obs_type = pa.list_(observation_value_type(observation_space), flat_dim(observation_space))
@@ -143,7 +166,78 @@ def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_log
     return pa.schema(fields)
 
 
-def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+@dataclass(frozen=True)
+class FrameColumn:
+    """A column of images held once per distinct frame: collectors record them so, and `transitions_table` stores
+    them as they are, where a column of whole images is split into frames and numbered first."""
+
+    frames: np.ndarray
+    """(distinct frames, bytes per frame) uint8."""
+    ids: np.ndarray
+    """(rows, frames per image) int32: each image's frames, rows of `frames`."""
+
+    @classmethod
+    def of_images(cls, images: np.ndarray, count: int) -> FrameColumn:
+        planes = np.ascontiguousarray(images, dtype=np.uint8).reshape(len(images), count, -1)
+        numbering = FrameNumbering()
+        ids = numbering.ids(planes)
+        return cls(numbering.array(planes.shape[2:], np.uint8), ids)
+
+    def to_arrow(self) -> pa.FixedSizeListArray:
+        frames = np.ascontiguousarray(self.frames, dtype=np.uint8).reshape(len(self.frames), -1)
+        if frames.size >= 2**31:  # a binary array's int32 offsets; a row group's frames are far fewer
+            raise ValueError(f"{frames.size} bytes of distinct frames exceed one Arrow binary array's 2 GiB")
+        offsets = np.arange(len(frames) + 1, dtype=np.int32) * np.int32(frames.shape[1])
+        dictionary = pa.BinaryArray.from_buffers(pa.binary(), len(frames),
+                                                 [None, pa.py_buffer(offsets), pa.py_buffer(frames)])
+        indices = pa.array(np.ascontiguousarray(self.ids, dtype=np.int32).ravel())
+        return pa.FixedSizeListArray.from_arrays(pa.DictionaryArray.from_arrays(indices, dictionary),
+                                                 self.ids.shape[1])
+
+    @classmethod
+    def of_arrow(cls, array: pa.FixedSizeListArray) -> FrameColumn:
+        """The rows of one array of a frames column (no copy of the frames)."""
+        values = array.flatten()  # the rows' frames as a DictionaryArray, within the array's offset and length
+        dictionary = values.dictionary
+        ids = values.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        ids = ids.reshape(len(array), array.type.list_size)
+        if len(dictionary) == 0:
+            return cls(np.empty((0, 0), np.uint8), ids)
+        offsets = np.frombuffer(dictionary.buffers()[1], np.int32, len(dictionary) + 1, dictionary.offset * 4)
+        widths = np.diff(offsets)
+        if (widths != widths[0]).any():
+            raise ValueError(f"a column of frames holds frames of {widths.min()} to {widths.max()} bytes")
+        data = np.frombuffer(dictionary.buffers()[2], np.uint8, offsets[-1] - offsets[0], offsets[0])
+        return cls(data.reshape(len(dictionary), int(widths[0])), ids)
+
+    def images(self) -> np.ndarray:
+        """(rows, bytes per image): every image's frames joined, as the image's flattened bytes."""
+        return self.frames[self.ids].reshape(len(self.ids), self.ids.shape[1] * self.frames.shape[1])
+
+
+class FrameNumbering:
+    """Distinct frames by their bytes, each numbered once."""
+
+    def __init__(self):
+        self.numbers: dict[bytes, int] = {}
+
+    def ids(self, planes: np.ndarray) -> np.ndarray:
+        """(rows, channels) numbers of the planes of (rows, channels, *frame shape), new ones numbered next."""
+        numbers = self.numbers
+        flat = planes.reshape(-1, *planes.shape[2:])
+        return np.fromiter((numbers.setdefault(plane.tobytes(), len(numbers)) for plane in flat), np.int32,
+                           len(flat)).reshape(planes.shape[:2])
+
+    def array(self, frame_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Every frame in number order (dicts keep insertion order); the bytes held so far are let go."""
+        joined, self.numbers = b"".join(self.numbers), {}
+        return np.frombuffer(joined, dtype).reshape(-1, *frame_shape)
+
+
+def _tensor_column(values: np.ndarray | FrameColumn, arrow_type: pa.DataType) -> pa.Array:
+    if is_frames_type(arrow_type):
+        frames = values if isinstance(values, FrameColumn) else FrameColumn.of_images(values, arrow_type.list_size)
+        return frames.to_arrow()
     if pa.types.is_fixed_size_binary(arrow_type):
         flat = np.ascontiguousarray(values, dtype=np.uint8)
         return pa.FixedSizeBinaryArray.from_buffers(arrow_type, len(flat), [None, pa.py_buffer(flat)])
@@ -153,16 +247,23 @@ def _tensor_column(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     return pa.array(values, type=arrow_type)
 
 
-def transitions_table(columns: dict[str, np.ndarray], schema: pa.Schema) -> pa.Table:
-    """Builds one Arrow table from numpy columns (one row per transition), in schema order."""
+def transitions_table(columns: dict[str, np.ndarray | FrameColumn], schema: pa.Schema) -> pa.Table:
+    """Builds one Arrow table from numpy columns (one row per transition; images whole or as a FrameColumn), in
+    schema order."""
     return pa.Table.from_arrays(
         [_tensor_column(columns[f.name], f.type) for f in schema], schema=schema
     )
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A column as numpy; fixed-size-list and fixed-size-binary (uint8) columns become 2-D arrays without per-row
-    Python."""
+    """A column as numpy; fixed-size-list, fixed-size-binary and frames (uint8) columns become 2-D arrays without
+    per-row Python."""
+    if is_frames_type(column.type):  # chunk by chunk: each has its own dictionary
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        images = [FrameColumn.of_arrow(chunk).images() for chunk in chunks]
+        if len(images) == 1:
+            return images[0]
+        return np.concatenate(images) if images else np.empty((0, 0), np.uint8)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_fixed_size_binary(column.type):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from common.errors import UserError, first_line
 from dataset_format.card import CARD_FILE, DatasetCard, read_card
 from dataset_format.location import Location, locate, storage_error
-from dataset_format.schema import Col, column_to_numpy, space_to_dict
+from dataset_format.schema import Col, column_to_numpy, flat_dim, is_frames_type, space_to_dict
 
 
 def validate(path: str | os.PathLike | Location, env_spaces: tuple[gym.Space, gym.Space] | None = None,
@@ -130,14 +130,23 @@ def _check_values(file: str, table: pa.Table, spaces: tuple[gym.Space, gym.Space
 
     if table.num_rows == 0:
         return 0, chain
-    arrays = {name: column_to_numpy(table[name]) for name in table.column_names}
+    observation_space, action_space = spaces
+    arrays = {}
+    for name in table.column_names:
+        try:
+            arrays[name] = column_to_numpy(table[name])
+        except ValueError as err:  # frames of unequal sizes
+            fail(name, 0, f"cannot be read in its group of rows ({err})")
+    for name in (Col.OBS, Col.NEW_OBS):
+        if is_frames_type(table.schema.field(name).type) and arrays[name].shape[1] != flat_dim(observation_space):
+            fail(name, 0, f"holds images of {arrays[name].shape[1]} bytes where the card's "
+                          f"{observation_space.shape} take {flat_dim(observation_space)}")
     for name in (Col.OBS, Col.NEW_OBS, Col.REWARDS, Col.ACTION_LOGP):
-        if name in arrays:
+        if name in arrays and arrays[name].dtype.kind == "f":  # integers (pixels) are finite
             bad = ~np.isfinite(arrays[name])
             bad = bad.reshape(len(bad), -1).any(axis=1)
             if bad.any():
                 fail(name, int(bad.argmax()), "holds NaN or inf")
-    _, action_space = spaces
     actions = arrays[Col.ACTIONS]
     if isinstance(action_space, gym.spaces.Discrete):
         outside = (actions < 0) | (actions >= action_space.n)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from common.errors import UserError
 from dataset_format.card import CARD_FILE, DatasetCard, episode_stats, summarize
 from dataset_format.location import Location, locate
-from dataset_format.schema import Col
+from dataset_format.schema import Col, FrameColumn, FrameNumbering, flat_dim, is_frames_type
 from dataset_format.validation import files_checked_against
 
 FILE_PREFIX = "episodes"
@@ -34,7 +34,7 @@ ROW_GROUP_ROWS = 2**17
 ROW_GROUP_BYTES = 32 * 2**20
 
 
-def _ordered_parquet_sink(location: Location, file_bytes: int):
+def _ordered_parquet_sink(location: Location, file_bytes: int, group_rows: int):
     """A Ray Data sink that writes each bundle of about `file_bytes` of rows to one Parquet file, in the order
     the rows come. Ray's `write_parquet` goes through pyarrow's threaded dataset writer, which may reorder
     batches of rows (apache/arrow#26818): blocks of over 2**18 rows (tasks of 1,000 CartPole expert episodes)
@@ -52,8 +52,7 @@ def _ordered_parquet_sink(location: Location, file_bytes: int):
             return file_bytes
 
         def write_block_to_file(self, block, file) -> None:
-            table = block.to_arrow()
-            pq.write_table(table, file, row_group_size=row_group_rows(table.schema), compression="zstd")
+            _write_parquet(block.to_arrow(), file, group_rows)
 
     # Object storage has no directories: creating one would leave an empty marker object under the prefix.
     return OrderedParquetSink(location.root, filesystem=location.fs, filename_provider=FileNames(),
@@ -86,7 +85,8 @@ def write(transitions, path: str | os.PathLike | Location, card: DatasetCard, fi
     Nothing may be at `path` (see `refuse_existing`)."""
     def write_files(location: Location) -> None:
         # The write tasks take no CPU: the collector actors hold the CPUs while files are written.
-        transitions.write_datasink(_ordered_parquet_sink(location, file_bytes), ray_remote_args={"num_cpus": 0})
+        transitions.write_datasink(_ordered_parquet_sink(location, file_bytes, row_group_rows(card)),
+                                   ray_remote_args={"num_cpus": 0})
 
     return _in_place(path, card, write_files)
 
@@ -101,25 +101,55 @@ def write_tables(tables: Iterable[pa.Table], path: str | os.PathLike | Location,
             pending.append(table)
             pending_bytes += table.nbytes
             if pending_bytes >= file_bytes:
-                _write_file(location, index, pending)
+                _write_file(location, index, pending, row_group_rows(card))
                 pending, pending_bytes, index = [], 0, index + 1
         if pending:
-            _write_file(location, index, pending)
+            _write_file(location, index, pending, row_group_rows(card))
 
     return _in_place(path, card, write_files)
 
 
-def _write_file(location: Location, index: int, tables: list[pa.Table]) -> None:
+def _write_file(location: Location, index: int, tables: list[pa.Table], group_rows: int) -> None:
     with location.fs.open_output_stream(location.path(f"{FILE_PREFIX}-{index:05d}.parquet")) as file:
-        table = pa.concat_tables(tables)
-        pq.write_table(table, file, row_group_size=row_group_rows(table.schema), compression="zstd")
+        _write_parquet(pa.concat_tables(tables), file, group_rows)
 
 
-def row_group_rows(schema: pa.Schema) -> int:
+def _write_parquet(table: pa.Table, file, group_rows: int) -> None:
+    """One Parquet file (zstd) of `table`, in row groups of `group_rows`. Parquet writes a dictionary array's whole
+    dictionary into each row group that holds a slice of it: a column of frames is cut, group by group, to the frames
+    its rows use, so that a group holds each of its frames once and no others."""
+    if not any(is_frames_type(field.type) for field in table.schema):
+        pq.write_table(table, file, row_group_size=group_rows, compression="zstd")
+        return
+    with pq.ParquetWriter(file, table.schema, compression="zstd") as writer:
+        for start in range(0, table.num_rows, group_rows):
+            group = table.slice(start, group_rows)
+            for index, field in enumerate(group.schema):
+                if is_frames_type(field.type):
+                    group = group.set_column(index, field, _used_frames(group[index]))
+            writer.write_table(group, row_group_size=group_rows)
+
+
+def _used_frames(column: pa.ChunkedArray) -> pa.Array:
+    """A column of frames as one array whose dictionary holds the frames its rows use, each once: Parquet stores a
+    dictionary with a repeated value (an episode's first frame, in each task's dictionary) as plain values."""
+    numbering, ids = FrameNumbering(), []
+    for chunk in column.chunks:
+        stored = FrameColumn.of_arrow(chunk)
+        used, inverse = np.unique(stored.ids.ravel(), return_inverse=True)
+        ids.append(numbering.ids(stored.frames[used][None])[0][inverse].reshape(stored.ids.shape))
+    return FrameColumn(numbering.array(stored.frames.shape[1:], np.uint8), np.concatenate(ids)).to_arrow()
+
+
+def row_group_rows(card: DatasetCard) -> int:
     """Rows per row group: ROW_GROUP_ROWS, or as many as hold ROW_GROUP_BYTES in memory where rows are larger.
-    Every column has a fixed width, so the count follows from the schema alone, the same in every file."""
+    Every column has a fixed width (an image's is its bytes, as readers rebuild it from its frames), so the count
+    follows from the card alone, the same in every file."""
     row_bits = 0
-    for field in schema:
+    for field in card.schema():
+        if is_frames_type(field.type):
+            row_bits += flat_dim(card.spaces[0]) * 8
+            continue
         arrow_type, values = field.type, 1
         while pa.types.is_fixed_size_list(arrow_type):
             arrow_type, values = arrow_type.value_type, values * arrow_type.list_size

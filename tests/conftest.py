@@ -167,10 +167,11 @@ def train_columns(algorithm, rows: int) -> dict:
 
 def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 3, length: int = 9,
                        stack: int = 4, frame_shape: tuple[int, int] = (12, 10),
-                       schema_version: int = dataset.SCHEMA_VERSION) -> Path:
+                       schema_version: int = dataset.SCHEMA_VERSION, one_file: bool = False) -> Path:
     """A dataset of random grey frames stacked as Gymnasium's FrameStackObservation stacks them (the first frame
     repeated before an episode's start), on the first axis or, with `channels_first` False, the last; each episode
-    its own file, as `schema_version` stores images."""
+    its own file, or with `one_file` all in one, where every episode starts from the same frame (as an Atari game's
+    reset screen); as `schema_version` stores images."""
     rng = np.random.default_rng(0)
     shape = (stack, *frame_shape) if channels_first else (*frame_shape, stack)
     observation_space, action_space = gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(3)
@@ -178,6 +179,8 @@ def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 
 
     def episode(eps_id: int) -> pa.Table:
         frames = rng.integers(0, 256, (length + 1, *frame_shape), dtype=np.uint8)
+        if one_file:
+            frames[0] = 0
         padded = np.concatenate([np.repeat(frames[:1], stack - 1, axis=0), frames])
         stacks = np.stack([padded[t:t + stack] for t in range(length + 1)])
         stacks = stacks if channels_first else np.moveaxis(stacks, 1, -1)
@@ -192,7 +195,7 @@ def write_frame_stacks(path: Path, channels_first: bool = True, episodes: int = 
         action_space=dataset.space_to_dict(action_space), behavior_policy={"kind": "logged"}, seed=None,
         episodes=episodes, transitions=0, returns={}, episode_length={}, files=[], columns=schema.names,
         code_version="tests", library_versions={}, schema_version=schema_version)
-    dataset.write_tables((episode(i) for i in range(episodes)), path, card, file_bytes=1)
+    dataset.write_tables((episode(i) for i in range(episodes)), path, card, file_bytes=2**30 if one_file else 1)
     return path
 
 

@@ -12,8 +12,9 @@ import ray
 
 from collectors.config import PolicyConfig
 from collectors.rollout import EpisodeRunner, episode_seeds, rollout_returns
-from dataset_format import Col, column_to_numpy, episode_stats
-from tests.conftest import CARTPOLE_EXPERT, PENDULUM_EXPERT, mixture
+from common.envs import make_env
+from dataset_format import Col, FrameColumn, column_to_numpy, episode_stats
+from tests.conftest import CARTPOLE_EXPERT, CORRIDOR, PENDULUM_EXPERT, mixture
 
 MIXTURE = mixture(CARTPOLE_EXPERT, 0.5)  # short, random CartPole episodes (about 10-60 steps)
 
@@ -52,6 +53,23 @@ def test_run_returns_whole_episodes_in_ascending_eps_id_with_t_from_zero():
         assert list(np.flatnonzero(ends[rows])) == [rows.sum() - 1]
         np.testing.assert_array_equal(data[Col.OBS][rows][1:], data[Col.NEW_OBS][rows][:-1])
     np.testing.assert_allclose(np.unique(np.exp(data[Col.ACTION_LOGP]).round(6)), [0.25, 0.75])
+
+
+def test_images_are_recorded_once_per_distinct_frame_and_rebuilt_as_the_env_gave_them(user_code):
+    # Two 8x8 frames an image: the agent's column, one of 7, and the goal's, the same in every image.
+    pixels = dataclasses.replace(CORRIDOR, entry_point="corridor_sim.env:PixelCorridorEnv")
+    table = EpisodeRunner(pixels, PolicyConfig(kind="random"), seed=3, num_envs=2).run([0, 1, 2])
+    stored = {name: FrameColumn.of_arrow(table[name].combine_chunks()) for name in (Col.OBS, Col.NEW_OBS)}
+    assert len(stored[Col.OBS].frames) <= 8 < table.num_rows
+    assert len(np.unique(stored[Col.OBS].ids[:, 1])) == 1  # the goal's frame
+
+    data = columns(table)
+    env = make_env(pixels)
+    for episode in range(3):
+        rows = data[Col.EPS_ID] == episode
+        first, _ = env.reset(seed=episode_seeds(3, episode)[0])
+        np.testing.assert_array_equal(data[Col.OBS][rows][0], first.ravel())
+        np.testing.assert_array_equal(data[Col.OBS][rows][1:], data[Col.NEW_OBS][rows][:-1])
 
 
 def test_run_gives_the_same_table_whatever_num_envs():

@@ -200,7 +200,10 @@ def test_observations_are_stored_at_their_dtype():
     discrete = dataset.arrow_schema(gym.spaces.Discrete(16), gym.spaces.Discrete(4), with_logp=False)
     assert discrete.field(Col.OBS).type == pa.int64() and discrete.field(Col.NEW_OBS).type == pa.int64()
     frames = dataset.arrow_schema(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), False)
-    assert frames.field(Col.OBS).type == pa.binary(28224)  # one value of the image's bytes
+    # The stack's 4 frames, each a value of a dictionary: a group of rows holds a frame once.
+    assert frames.field(Col.OBS).type == pa.list_(pa.dictionary(pa.int32(), pa.binary()), 4)
+    single = dataset.arrow_schema(gym.spaces.Box(0, 255, (210, 160, 3), np.uint8), gym.spaces.Discrete(6), False)
+    assert single.field(Col.OBS).type.list_size == 1  # channels last: the whole image, one value
     floats = dataset.arrow_schema(gym.spaces.Box(-1.0, 1.0, (17,), np.float64), gym.spaces.Discrete(2), False)
     assert floats.field(Col.OBS).type == pa.list_(pa.float32(), 17)  # float32, as learners read
 

@@ -12,6 +12,14 @@ from dataset_format import Col
 from tests.conftest import write_frame_stacks
 
 
+def frame_columns(group: pq.RowGroupMetaData) -> list[pq.ColumnChunkMetaData]:
+    """The metadata of a row group's `obs` and `new_obs` column chunks."""
+    columns = [group.column(i) for i in range(group.num_columns)
+               if group.column(i).path_in_schema.split(".")[0] in (Col.OBS, Col.NEW_OBS)]
+    assert len(columns) == 2
+    return columns
+
+
 @pytest.mark.parametrize("channels_first", [True, False])
 def test_frame_stacks_are_held_once_per_frame_and_rebuilt_as_stored(tmp_path, monkeypatch, channels_first):
     monkeypatch.setattr(dataset.frames, "READ_ROWS", 4)  # episodes of 9 rows: stacks cut across reads
@@ -43,19 +51,61 @@ def test_row_groups_of_frames_hold_about_32_mib_and_of_vectors_a_fixed_row_count
     assert vectors.metadata.row_group(0).num_rows == min(vectors.metadata.num_rows, dataset.writer.ROW_GROUP_ROWS)
 
 
-def test_frames_are_stored_as_bytes_and_version_1_datasets_of_lists_still_read(tmp_path):
-    """Schema version 2 stores each image as one binary value; a version-1 dataset's images, lists of bytes, read and
-    validate as they did, to the same arrays."""
-    path = write_frame_stacks(tmp_path / "v2")
-    old = write_frame_stacks(tmp_path / "v1", schema_version=1)
-    files = {name: pq.ParquetFile(name / dataset.read_card(name).files[0]["path"]).schema_arrow for name in (path, old)}
-    assert files[path].field(Col.OBS).type == pa.binary(4 * 12 * 10)
-    assert files[old].field(Col.OBS).type == pa.list_(pa.uint8(), 4 * 12 * 10)
+def test_frames_are_stored_once_a_row_group_and_versions_1_and_2_still_read(tmp_path):
+    """Schema version 3 stores an image as its frames, dictionary-encoded: a row group holds each distinct frame once a
+    column. Datasets of version 2 (one binary value an image) and 1 (lists of bytes) read and validate as they did, to
+    the same arrays."""
+    paths = {version: write_frame_stacks(tmp_path / f"v{version}", schema_version=version) for version in (1, 2, 3)}
+    files = {version: pq.ParquetFile(path / dataset.read_card(path).files[0]["path"])
+             for version, path in paths.items()}
+    assert files[3].schema_arrow.field(Col.OBS).type == pa.list_(pa.dictionary(pa.int32(), pa.binary()), 4)
+    assert files[2].schema_arrow.field(Col.OBS).type == pa.binary(4 * 12 * 10)
+    assert files[1].schema_arrow.field(Col.OBS).type == pa.list_(pa.uint8(), 4 * 12 * 10)
+    # An episode (its own file and row group) of 9 steps over 10 frames: obs's stacks hold the first 9, new_obs's
+    # the last 9 and the first, which pads their start.
+    group = files[3].read_row_group(0)
+    assert [len(group[name].chunk(0).flatten().dictionary) for name in (Col.OBS, Col.NEW_OBS)] == [9, 10]
 
-    assert dataset.validate(old).schema_version == 1 and dataset.validate(path).schema_version == 2
-    new_arrays, old_arrays = dataset.load_arrays(path), dataset.load_arrays(old)
-    for name in new_arrays:
-        np.testing.assert_array_equal(new_arrays[name], old_arrays[name])
-    new_store, _ = dataset.read_frames(path, channels_first=True)
-    old_store, _ = dataset.read_frames(old, channels_first=True)
-    np.testing.assert_array_equal(new_store.frames, old_store.frames)
+    assert [dataset.validate(path).schema_version for path in paths.values()] == [1, 2, 3]
+    arrays = {version: dataset.load_arrays(path) for version, path in paths.items()}
+    stores = {version: dataset.read_frames(path, channels_first=True)[0] for version, path in paths.items()}
+    for version in (1, 2):
+        for name in arrays[3]:
+            np.testing.assert_array_equal(arrays[version][name], arrays[3][name])
+        np.testing.assert_array_equal(stores[version].frames, stores[3].frames)
+        np.testing.assert_array_equal(stores[version].stacks, stores[3].stacks)
+
+
+def test_a_group_of_rows_holds_only_the_frames_it_uses(tmp_path, monkeypatch):
+    """Parquet writes a dictionary array's whole dictionary into each row group that holds a slice of it; the writer
+    cuts it to the group's frames."""
+    monkeypatch.setattr(dataset.writer, "ROW_GROUP_BYTES", 4_000)  # four rows to a group, as below
+    path = write_frame_stacks(tmp_path / "stacks", episodes=1, length=12)
+    parquet = pq.ParquetFile(path / dataset.read_card(path).files[0]["path"])
+    # Rows 0-3 stack frames 0-3 (obs) and 0-4 (new_obs); rows 4-7 frames 1-7 and 2-8; rows 8-11 frames 5-11, 6-12.
+    assert [[len(parquet.read_row_group(i)[name].chunk(0).flatten().dictionary) for name in (Col.OBS, Col.NEW_OBS)]
+            for i in range(parquet.num_row_groups)] == [[4, 5], [7, 7], [7, 7]]
+    dataset.validate(path)
+
+
+def test_a_group_of_several_episodes_holds_each_frame_once(tmp_path):
+    """Parquet stores a dictionary that repeats a value as plain values, each frame again: each episode's table (a
+    collector's task) has its own dictionary, and all of them hold the frame the episodes start from."""
+    path = write_frame_stacks(tmp_path / "stacks", episodes=3, length=9, one_file=True)
+    parquet = pq.ParquetFile(path / dataset.read_card(path).files[0]["path"])
+    assert parquet.num_row_groups == 1
+    assert all("RLE_DICTIONARY" in column.encodings for column in frame_columns(parquet.metadata.row_group(0)))
+    group = parquet.read_row_group(0)
+    # obs: 3 episodes' first 9 frames, the first shared; new_obs: their 10, the first shared.
+    assert [len(group[name].chunk(0).flatten().dictionary) for name in (Col.OBS, Col.NEW_OBS)] == [25, 28]
+    dataset.validate(path)
+
+
+def test_a_group_holds_its_frames_once_past_a_mib_of_them(tmp_path):
+    """Parquet's own dictionary encoding gives up past 1 MiB of dictionary (`dictionary_pagesize_limit`); the frames'
+    dictionaries, written as they are, hold 301 84x84 frames here."""
+    path = write_frame_stacks(tmp_path / "stacks", episodes=1, length=300, frame_shape=(84, 84))
+    group = pq.ParquetFile(path / dataset.read_card(path).files[0]["path"]).metadata.row_group(0)
+    for column in frame_columns(group):
+        assert "RLE_DICTIONARY" in column.encodings
+        assert column.total_uncompressed_size < 1.1 * 301 * 84 * 84  # the episode's 301 frames, once
