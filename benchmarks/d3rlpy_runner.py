@@ -94,9 +94,10 @@ def newest_frames(files: list[Path], stack: tuple[int, int, int]) -> np.ndarray:
     """(transitions, 1, height, width) uint8: the last frame of each stack, read a row group at a time."""
     parts = []
     for path in files:
-        for batch in pq.ParquetFile(path).iter_batches(columns=["obs"]):
-            values = image_rows(batch.column(0)).reshape(len(batch), *stack)
-            parts.append(values[:, -1:].copy())
+        parquet = pq.ParquetFile(path)
+        for group in range(parquet.num_row_groups):  # a batch across groups of frames is a read pyarrow refuses
+            rows = parquet.read_row_group(group, columns=["obs"]).column(0).combine_chunks()
+            parts.append(image_rows(rows).reshape(len(rows), *stack)[:, -1:].copy())
     return np.concatenate(parts)
 
 

@@ -3,9 +3,10 @@
 A transition holds a 4-frame stack (Gymnasium's FrameStackObservation) in `obs`, and again, shifted by a frame, in
 `new_obs`. On disk a row group holds each distinct frame once a column (schema version 3; earlier versions store
 every stack whole, and zstd finds the repeats); read as arrays, a transition holds eight frames, and as the float32 a
-network takes, 32 times one frame's uint8 bytes. `read_frames` reads the rows a batch of a few thousand at a time and
-keeps each distinct frame once: about one frame per transition, plus the stack's first frames at each episode's
-start. Observations become ids into a `FrameStore`, which rebuilds them, batch by batch, as the env gave them.
+network takes, 32 times one frame's uint8 bytes. `read_frames` reads the rows a row group at a time (about 32 MiB of
+stacks, as collected) and keeps each distinct frame once: about one frame per transition, plus the stack's first
+frames at each episode's start. Observations become ids into a `FrameStore`, which rebuilds them, batch by batch, as
+the env gave them.
 
 A frame is a plane of the image along its channel axis (the first or the last, `common/observations.ModelInput`'s
 rule); images whose planes never repeat (RGB, say) are held at their own size, plus 4 bytes per plane of index.
@@ -26,7 +27,6 @@ from dataset_format.schema import Col, FrameColumn, FrameNumbering, column_to_nu
 from dataset_format.validation import validate
 
 OBSERVATION_COLUMNS = (Col.OBS, Col.NEW_OBS)
-READ_ROWS = 4096  # rows decoded at a time: a few hundred MB of 84x84 4-frame stacks, before their repeats go
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ def read_frames(path: DatasetPath, channels_first: bool) -> tuple[FrameStore, pa
     frames, stacks, tables, next_id = FrameNumbering(), [], [], 0
     with storage_errors(location):
         for entry in card.files:
-            batches = pq.ParquetFile(location.path(entry["path"]), filesystem=location.fs).iter_batches(READ_ROWS)
-            for batch in batches:
-                table = pa.Table.from_batches([batch]).select(names)
+            parquet = pq.ParquetFile(location.path(entry["path"]), filesystem=location.fs)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group).select(names)
                 for name in OBSERVATION_COLUMNS:
                     stacks.append(_stack_ids(frames, table[name], shape, channels_first))
                     ids = pa.array(np.arange(next_id, next_id + len(table)), pa.int64())

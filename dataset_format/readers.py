@@ -77,10 +77,12 @@ def row_group_runs(path: DatasetPath, min_rows: int | None = None) -> list[RowGr
 
 
 def read_row_groups(path: DatasetPath, run: RowGroups, columns: tuple[str, ...] | None = None) -> pa.Table:
-    """The rows of `run` (of `columns` only, if given), read without checks, as `read_table`."""
+    """The rows of `run` (of `columns` only, if given), read without checks, as `read_table`. Group by group: pyarrow
+    refuses to read a column of frames, each group's with its own dictionary, across groups at once."""
     location = locate(path)
     with open_parquet(location, run.file) as parquet:
-        return parquet.read_row_groups(list(run.groups), columns=columns and list(columns))
+        return pa.concat_tables([parquet.read_row_group(group, columns=columns and list(columns))
+                                 for group in run.groups])
 
 
 def load_arrays(path: DatasetPath) -> dict[str, np.ndarray]:
@@ -90,8 +92,8 @@ def load_arrays(path: DatasetPath) -> dict[str, np.ndarray]:
 
 
 def load_pandas(path: DatasetPath):
-    """A pandas DataFrame, one row per transition (obs cells are numpy arrays, or an image's bytes); the same as
-    `pd.read_parquet(path)`, validated."""
+    """A pandas DataFrame, one row per transition (obs cells are numpy arrays; an image's, its frames' bytes); the
+    same as `pd.read_parquet(path)`, validated."""
     return load_table(path).to_pandas()
 
 

@@ -22,8 +22,9 @@ def frame_columns(group: pq.RowGroupMetaData) -> list[pq.ColumnChunkMetaData]:
 
 @pytest.mark.parametrize("channels_first", [True, False])
 def test_frame_stacks_are_held_once_per_frame_and_rebuilt_as_stored(tmp_path, monkeypatch, channels_first):
-    monkeypatch.setattr(dataset.frames, "READ_ROWS", 4)  # episodes of 9 rows: stacks cut across reads
-    path = write_frame_stacks(tmp_path / "stacks", channels_first)
+    # Groups of 4 rows in one file of 3 episodes of 9: stacks cut across groups, each group's frames its own.
+    monkeypatch.setattr(dataset.writer, "ROW_GROUP_BYTES", 4_000)
+    path = write_frame_stacks(tmp_path / "stacks", channels_first, one_file=True)
     store, table = dataset.read_frames(path, channels_first)
 
     stored = dataset.load_arrays(path)
@@ -34,7 +35,7 @@ def test_frame_stacks_are_held_once_per_frame_and_rebuilt_as_stored(tmp_path, mo
         np.testing.assert_array_equal(store[ids], stored[name].reshape(-1, *shape))
     assert table.drop_columns([Col.OBS, Col.NEW_OBS]).equals(dataset.read_table(path).drop_columns(
         [Col.OBS, Col.NEW_OBS]))
-    assert len(store.frames) == card.transitions + card.episodes  # each episode's 10 distinct frames, once
+    assert len(store.frames) == card.transitions + 1  # each episode's 9 frames after the one they all start from
     held_as_arrays = stored[Col.OBS].nbytes + stored[Col.NEW_OBS].nbytes  # eight frames per transition
     assert store.nbytes < held_as_arrays / 4
 
@@ -109,3 +110,14 @@ def test_a_group_holds_its_frames_once_past_a_mib_of_them(tmp_path):
     for column in frame_columns(group):
         assert "RLE_DICTIONARY" in column.encodings
         assert column.total_uncompressed_size < 1.1 * 301 * 84 * 84  # the episode's 301 frames, once
+
+
+def test_a_run_of_row_groups_reads_across_groups_of_frames(tmp_path, monkeypatch):
+    """What a stream reads at once: pyarrow reads a column of frames, each group's with its own dictionary, group by
+    group only."""
+    monkeypatch.setattr(dataset.writer, "ROW_GROUP_BYTES", 4_000)  # groups of 4 rows
+    path = write_frame_stacks(tmp_path / "stacks", one_file=True)
+    (run,) = dataset.row_group_runs(path, min_rows=10**6)  # the file's 7 groups at once
+    assert len(run.groups) == 7
+    np.testing.assert_array_equal(dataset.column_to_numpy(dataset.read_row_groups(path, run)[Col.OBS]),
+                                  dataset.load_arrays(path)[Col.OBS])
