@@ -49,6 +49,9 @@ def quiet_library_notices() -> None:
         logging.getLogger(logger).setLevel(logging.WARNING)
 
 
+IDLE_WORKER_MS = 10_000  # how long a local Ray keeps an idle worker process for the next task
+
+
 def ask_for_token_auth() -> None:
     """Asks for token authentication, Ray's default for a new local instance, explicitly: left unset, Ray warns
     about it at every start. Must run before Ray is imported (Ray caches its config then); a cluster named by
@@ -79,6 +82,10 @@ def start_ray(num_cpus: int) -> None:
             raise UserError(f"RAY_ADDRESS={address}: {err}; check the address and that its RAY_AUTH_MODE is "
                             "yours, or unset RAY_ADDRESS for a local Ray") from None
     else:
+        # A fresh worker costs about a second of CPU, and Ray 2.60 ends an idle one after 1 s (its raylet's
+        # idle_worker_killing_time_threshold_ms, read from RAY_<name>): collection wrote each file from a new
+        # worker, 15 % of a 2-core Pong collection's time (benchmarks/README.md, "Frames stored once").
+        os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_MS))
         ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
     # After ray.init, so Ray's own processes keep the real stderr; a killed `orl` leaves none of its local Ray's.
     start_companion(reap_local_ray=not on_cluster)
