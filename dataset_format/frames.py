@@ -105,15 +105,9 @@ def read_frames(path: DatasetPath, channels_first: bool) -> tuple[FrameStore, pa
 def _stack_ids(frames: FrameNumbering, column: pa.ChunkedArray, shape: tuple[int, ...],
                channels_first: bool) -> np.ndarray:
     """(rows, channels) numbers in `frames` of each observation's planes."""
-    frame_shape = shape[1:] if channels_first else shape[:-1]
     if channels_first and is_frames_type(column.type) and column.type.list_size == shape[0]:
         # Stored as these planes, each distinct one once: only those are numbered, not every observation's.
-        parts = []
-        for chunk in column.chunks:
-            stored = FrameColumn.of_arrow(chunk)
-            numbers = frames.ids(stored.frames.reshape(1, len(stored.frames), *frame_shape))[0]
-            parts.append(numbers[stored.ids])
-        return np.concatenate(parts)
+        return np.concatenate([FrameColumn.of_arrow(chunk).numbered(frames) for chunk in column.chunks])
     observations = column_to_numpy(column).reshape(len(column), *shape)
     return frames.ids(observations if channels_first else np.moveaxis(observations, -1, 1))
 

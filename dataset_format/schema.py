@@ -129,10 +129,6 @@ def frame_count(space: gym.spaces.Box) -> int:
     return shape[0] if len(shape) >= 3 and shape[0] < shape[-1] else 1
 
 
-def frames_type(count: int) -> pa.DataType:
-    return pa.list_(pa.dictionary(pa.int32(), pa.binary()), count)
-
-
 def is_frames_type(arrow_type: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(arrow_type) and pa.types.is_dictionary(arrow_type.value_type)
 
@@ -143,7 +139,7 @@ def arrow_schema(observation_space: gym.Space, action_space: gym.Space, with_log
     if isinstance(observation_space, gym.spaces.Discrete):
         obs_type = pa.int64()
     elif stored_as_bytes(observation_space) and schema_version >= 3:
-        obs_type = frames_type(frame_count(observation_space))
+        obs_type = pa.list_(pa.dictionary(pa.int32(), pa.binary()), frame_count(observation_space))
     elif stored_as_bytes(observation_space) and schema_version == 2:
         obs_type = pa.binary(flat_dim(observation_space))
     else:
@@ -210,6 +206,15 @@ class FrameColumn:
             raise ValueError(f"a column of frames holds frames of {widths.min()} to {widths.max()} bytes")
         data = np.frombuffer(dictionary.buffers()[2], np.uint8, offsets[-1] - offsets[0], offsets[0])
         return cls(data.reshape(len(dictionary), int(widths[0])), ids)
+
+    def used(self) -> FrameColumn:
+        """The same rows, their frames only: a slice of a column holds its whole dictionary."""
+        used, inverse = np.unique(self.ids.ravel(), return_inverse=True)
+        return FrameColumn(self.frames[used], inverse.reshape(self.ids.shape).astype(np.int32))
+
+    def numbered(self, numbering: FrameNumbering) -> np.ndarray:
+        """The rows' frame ids in `numbering`, which numbers the frames it has not seen yet."""
+        return numbering.ids(self.frames[None])[0][self.ids]
 
     def images(self) -> np.ndarray:
         """(rows, bytes per image): every image's frames joined, as the image's flattened bytes."""

@@ -133,12 +133,10 @@ def _write_parquet(table: pa.Table, file, group_rows: int) -> None:
 def _used_frames(column: pa.ChunkedArray) -> pa.Array:
     """A column of frames as one array whose dictionary holds the frames its rows use, each once: Parquet stores a
     dictionary with a repeated value (an episode's first frame, in each task's dictionary) as plain values."""
-    numbering, ids = FrameNumbering(), []
-    for chunk in column.chunks:
-        stored = FrameColumn.of_arrow(chunk)
-        used, inverse = np.unique(stored.ids.ravel(), return_inverse=True)
-        ids.append(numbering.ids(stored.frames[used][None])[0][inverse].reshape(stored.ids.shape))
-    return FrameColumn(numbering.array(stored.frames.shape[1:], np.uint8), np.concatenate(ids)).to_arrow()
+    numbering = FrameNumbering()
+    chunks = [FrameColumn.of_arrow(chunk).used() for chunk in column.chunks]
+    ids = np.concatenate([chunk.numbered(numbering) for chunk in chunks])
+    return FrameColumn(numbering.array(chunks[0].frames.shape[1:], np.uint8), ids).to_arrow()
 
 
 def row_group_rows(card: DatasetCard) -> int:
