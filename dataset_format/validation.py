@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +16,8 @@ import pyarrow.parquet as pq
 from common.errors import UserError, first_line
 from dataset_format.card import CARD_FILE, DatasetCard, read_card
 from dataset_format.location import Location, locate, storage_error
-from dataset_format.schema import Col, column_to_numpy, flat_dim, is_frames_type, space_to_dict
+from dataset_format.schema import Col, FrameColumn, FrameNumbering, column_to_numpy, flat_dim, is_frames_type, \
+    space_to_dict
 
 
 def validate(path: str | os.PathLike | Location, env_spaces: tuple[gym.Space, gym.Space] | None = None,
@@ -131,18 +134,11 @@ def _check_values(file: str, table: pa.Table, spaces: tuple[gym.Space, gym.Space
     if table.num_rows == 0:
         return 0, chain
     observation_space, action_space = spaces
-    arrays = {}
-    for name in table.column_names:
-        try:
-            arrays[name] = column_to_numpy(table[name])
-        except ValueError as err:  # frames of unequal sizes
-            fail(name, 0, f"cannot be read in its group of rows ({err})")
-    for name in (Col.OBS, Col.NEW_OBS):
-        if is_frames_type(table.schema.field(name).type) and arrays[name].shape[1] != flat_dim(observation_space):
-            fail(name, 0, f"holds images of {arrays[name].shape[1]} bytes where the card's "
-                          f"{observation_space.shape} take {flat_dim(observation_space)}")
+    arrays = {name: column_to_numpy(table[name]) for name in table.column_names if name not in (Col.OBS, Col.NEW_OBS)}
+    chain_new_obs, arrays[Col.OBS], arrays[Col.NEW_OBS], last_new_obs = _observations(
+        table, observation_space, chain.new_obs, fail)
     for name in (Col.OBS, Col.NEW_OBS, Col.REWARDS, Col.ACTION_LOGP):
-        if name in arrays and arrays[name].dtype.kind == "f":  # integers (pixels) are finite
+        if name in arrays and arrays[name].dtype.kind == "f":  # integers (pixels, frame ids) are finite
             bad = ~np.isfinite(arrays[name])
             bad = bad.reshape(len(bad), -1).any(axis=1)
             if bad.any():
@@ -175,11 +171,64 @@ def _check_values(file: str, table: pa.Table, spaces: tuple[gym.Space, gym.Space
     if np.any(t != expected_t):
         row = int(np.argmax(t != expected_t))
         fail(Col.T, row, f"is {t[row]} where episode {eps_id[row]} is at step {expected_t[row]}")
-    previous_new_obs = np.concatenate([new_obs[:1] if chain.new_obs is None else chain.new_obs[None], new_obs[:-1]])
+    previous_new_obs = np.concatenate([new_obs[:1] if chain_new_obs is None else chain_new_obs[None], new_obs[:-1]])
     mismatch = np.flatnonzero(~starts & (obs != previous_new_obs).reshape(len(obs), -1).any(axis=1))
     if len(mismatch):
         fail(Col.OBS, int(mismatch[0]), "is not the previous step's new_obs")
-    return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), new_obs[-1].copy())
+    return int(starts.sum()), _Chain(int(eps_id[-1]), int(t[-1]), bool(done[-1]), last_new_obs)
+
+
+def _observations(table: pa.Table, observation_space: gym.Space, chain_new_obs: np.ndarray | None,
+                  fail: Callable[[str, int, str], NoReturn]):
+    """(the chain's new_obs, the rows' obs and new_obs, the last new_obs as the next group's chain) as arrays whose
+    rows are equal exactly when the observations are. Frames are compared by their ids in one numbering of the
+    group's frames (and the chain's), shared by both columns, not by images rebuilt from them: a group holds each
+    frame once, and every image up to 8 times."""
+    if not is_frames_type(table.schema.field(Col.OBS).type):
+        obs, new_obs = column_to_numpy(table[Col.OBS]), column_to_numpy(table[Col.NEW_OBS])
+        return chain_new_obs, obs, new_obs, new_obs[-1].copy()
+    numbering, ids = FrameNumbering(), {}
+    chain_ids = None if chain_new_obs is None else numbering.ids(chain_new_obs[None])[0]
+    for name in (Col.OBS, Col.NEW_OBS):
+        try:
+            columns = [FrameColumn.of_arrow(chunk) for chunk in table[name].chunks]
+        except ValueError as err:  # frames of unequal sizes
+            fail(name, 0, f"cannot be read in its group of rows ({err})")
+        for width in {column.ids.shape[1] * column.frames.shape[1] for column in columns}:
+            if width != flat_dim(observation_space):
+                fail(name, 0, f"holds images of {width} bytes where the card's {observation_space.shape} take "
+                              f"{flat_dim(observation_space)}")
+        ids[name] = np.concatenate([column.numbered(numbering) for column in columns])
+    last = columns[-1]  # new_obs'
+    return chain_ids, ids[Col.OBS], ids[Col.NEW_OBS], last.frames[last.ids[-1]].copy()
+
+
+class _BadFrames(Exception):
+    def __init__(self, column: str, problem: str):
+        super().__init__(problem)
+        self.column, self.problem = column, problem
+
+
+def _frame_ids(table: pa.Table, image_bytes: int, chain: _Chain) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the last row's new_obs frames, the chain's then every row's obs and new_obs frame ids) for a group of rows
+    of frames: ids of one numbering of this group's frames, shared by both columns, so that two observations are
+    equal exactly when their ids are, without rebuilding every image. The chain's frames come first in `obs`' ids
+    (as `chain.new_obs`, from the group before); the others compare row by row."""
+    numbering = FrameNumbering()
+    if chain.new_obs is not None:
+        chain_ids = numbering.ids(chain.new_obs[None])
+    ids = {}
+    for name in (Col.OBS, Col.NEW_OBS):
+        try:
+            columns = [FrameColumn.of_arrow(chunk) for chunk in table[name].chunks]
+        except ValueError as err:  # frames of unequal sizes
+            raise _BadFrames(name, f"cannot be read in its group of rows ({err})") from None
+        width = columns[0].ids.shape[1] * columns[0].frames.shape[1]
+        if width != image_bytes:
+            raise _BadFrames(name, f"holds images of {width} bytes where the card's take {image_bytes}")
+        ids[name] = np.concatenate([column.numbered(numbering) for column in columns])
+    last = columns[-1]
+    return last.frames[last.ids[-1]].copy(), ids[Col.OBS], ids[Col.NEW_OBS]
 
 
 def _check_schema(file: str, actual: pa.Schema, expected: pa.Schema) -> None:

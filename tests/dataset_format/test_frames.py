@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataset_format as dataset
+from common.errors import UserError
 from dataset_format import Col
 from tests.conftest import write_frame_stacks
 
@@ -121,3 +122,38 @@ def test_a_run_of_row_groups_reads_across_groups_of_frames(tmp_path, monkeypatch
     assert len(run.groups) == 7
     np.testing.assert_array_equal(dataset.column_to_numpy(dataset.read_row_groups(path, run)[Col.OBS]),
                                   dataset.load_arrays(path)[Col.OBS])
+
+
+def swap_a_frame(table: pa.Table, row: int, frame: np.ndarray) -> pa.Table:
+    """The table with the newest frame of `obs` at `row` replaced."""
+    images = dataset.column_to_numpy(table[Col.OBS]).copy()
+    images[row, -frame.size:] = frame.ravel()
+    field = table.schema.field(Col.OBS)
+    stacks = dataset.FrameColumn.of_images(images, field.type.list_size).to_arrow()
+    return table.set_column(table.schema.get_field_index(Col.OBS), field, stacks)
+
+
+@pytest.mark.parametrize("row", [2, 4])  # inside a group of 4 rows; a group's first, against the group before
+def test_validation_compares_frames_by_their_ids_within_and_across_groups(tmp_path, monkeypatch, row):
+    """Validation compares each obs with the step before's new_obs by frame ids, one numbering a group."""
+    monkeypatch.setattr(dataset.writer, "ROW_GROUP_BYTES", 4_000)  # groups of 4 rows
+    path = write_frame_stacks(tmp_path / "stacks", episodes=1, length=12)
+    dataset.validate(path)
+    file = path / dataset.read_card(path).files[0]["path"]
+    table = pq.read_table(file)
+    # A frame of the same bytes as one the group holds elsewhere: only its position tells.
+    elsewhere = dataset.column_to_numpy(table[Col.OBS])[0, :120]
+    pq.write_table(swap_a_frame(table, row, elsewhere), file, row_group_size=4)
+    with pytest.raises(UserError, match=f"{file.name}: column 'obs' at row {row} is not the previous step's new_obs"):
+        dataset.validate(path)
+
+
+def test_validation_names_frames_of_another_size(tmp_path):
+    path = write_frame_stacks(tmp_path / "stacks", episodes=1, length=5)
+    file = path / dataset.read_card(path).files[0]["path"]
+    table = pq.read_table(file)
+    smaller = dataset.FrameColumn.of_images(dataset.column_to_numpy(table[Col.NEW_OBS])[:, :-4], 4).to_arrow()
+    pq.write_table(table.set_column(table.schema.get_field_index(Col.NEW_OBS), Col.NEW_OBS, smaller), file)
+    with pytest.raises(UserError, match=rf"column 'new_obs' at row 0 holds images of 476 bytes where the card's "
+                                        rf"\(4, 12, 10\) take 480"):
+        dataset.validate(path)
