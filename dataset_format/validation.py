@@ -203,34 +203,6 @@ def _observations(table: pa.Table, observation_space: gym.Space, chain_new_obs: 
     return chain_ids, ids[Col.OBS], ids[Col.NEW_OBS], last.frames[last.ids[-1]].copy()
 
 
-class _BadFrames(Exception):
-    def __init__(self, column: str, problem: str):
-        super().__init__(problem)
-        self.column, self.problem = column, problem
-
-
-def _frame_ids(table: pa.Table, image_bytes: int, chain: _Chain) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(the last row's new_obs frames, the chain's then every row's obs and new_obs frame ids) for a group of rows
-    of frames: ids of one numbering of this group's frames, shared by both columns, so that two observations are
-    equal exactly when their ids are, without rebuilding every image. The chain's frames come first in `obs`' ids
-    (as `chain.new_obs`, from the group before); the others compare row by row."""
-    numbering = FrameNumbering()
-    if chain.new_obs is not None:
-        chain_ids = numbering.ids(chain.new_obs[None])
-    ids = {}
-    for name in (Col.OBS, Col.NEW_OBS):
-        try:
-            columns = [FrameColumn.of_arrow(chunk) for chunk in table[name].chunks]
-        except ValueError as err:  # frames of unequal sizes
-            raise _BadFrames(name, f"cannot be read in its group of rows ({err})") from None
-        width = columns[0].ids.shape[1] * columns[0].frames.shape[1]
-        if width != image_bytes:
-            raise _BadFrames(name, f"holds images of {width} bytes where the card's take {image_bytes}")
-        ids[name] = np.concatenate([column.numbered(numbering) for column in columns])
-    last = columns[-1]
-    return last.frames[last.ids[-1]].copy(), ids[Col.OBS], ids[Col.NEW_OBS]
-
-
 def _check_schema(file: str, actual: pa.Schema, expected: pa.Schema) -> None:
     for expected_field in expected:
         if expected_field.name not in actual.names:
