@@ -38,12 +38,27 @@ class ModelInput:
     """Multiplies the values: 1/255 for integer images."""
     one_hot: int = 0
     """For a Discrete observation: its number of values, the width of the one-hot vector."""
+    mean: tuple[float, ...] = ()
+    """For vectors normalized (`orl train-online`'s `normalize_observations`): subtracted from each observation."""
+    std: tuple[float, ...] = ()
+    """With `mean`: each dimension, less its mean, is divided by this."""
 
     @classmethod
     def of_module(cls, module) -> ModelInput | None:
-        """The map a trained RLModule's checkpoint records; None for a module on vectors."""
+        """The map a trained RLModule's checkpoint records; None for a module on vectors taken as they are."""
         recorded = (module.model_config or {}).get(MODEL_INPUT_KEY)
-        return cls(**{**recorded, "shape": tuple(recorded["shape"])}) if recorded else None
+        if not recorded:
+            return None
+        return cls(**{**recorded, **{key: tuple(recorded.get(key, ())) for key in ("shape", "mean", "std")}})
+
+    @classmethod
+    def normalizing(cls, observations: np.ndarray) -> ModelInput:
+        """Vectors shifted and scaled by the mean and standard deviation of these (rows of) observations; a dimension
+        they hold constant is left unscaled."""
+        rows = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
+        std = rows.std(axis=0)
+        return cls(tuple(np.shape(observations)[1:]), mean=tuple(rows.mean(axis=0).tolist()),
+                   std=tuple(np.where(std > 1e-6, std, 1.0).tolist()))
 
     @classmethod
     def of(cls, space: gym.Space) -> ModelInput:
@@ -74,6 +89,10 @@ class ModelInput:
             batch = np.moveaxis(batch, 1, -1)
         if self.scale != 1.0:
             batch = batch * np.float32(self.scale)
+        if self.mean:
+            flat = batch.reshape(len(batch), -1)
+            mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+            batch = ((flat - mean) / std).reshape(batch.shape)
         return np.ascontiguousarray(batch)
 
     def on_tensor(self, images):
@@ -89,9 +108,11 @@ class ModelInput:
         return batch.contiguous()
 
 
-def model_space(space: gym.Space) -> gym.Space:
-    """The observation space the network is built for: a vector space as it is; a Discrete one's one-hot vector;
-    an image's channels-last, in [0, 1] for integer pixels."""
+def model_space(space: gym.Space, model_input: ModelInput | None = None) -> gym.Space:
+    """The observation space the network is built for: a vector space as it is, or unbounded where `model_input`
+    normalizes it; a Discrete one's one-hot vector; an image's channels-last, in [0, 1] for integer pixels."""
+    if model_input is not None and model_input.mean:
+        return gym.spaces.Box(-np.inf, np.inf, space.shape, np.float32)
     if isinstance(space, gym.spaces.Discrete):
         return gym.spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
     if not is_image(space):

@@ -350,6 +350,12 @@ class OnlinePolicyConfig:
     """Ray actors sampling episodes (1 CPU each); the learner trains in the `orl` process. Raise on a cluster."""
     envs_per_env_runner: int = 4
     """Environments each actor steps at once."""
+    normalize_observations: bool = False
+    """For vector observations: the network sees each dimension shifted and scaled by its mean and standard
+    deviation over random play (`training.online.NORMALIZING_STEPS` steps, seeded by `seed`), frozen before training
+    and kept in the checkpoint, so that collection and evaluation feed the policy what it learned on. PPO on raw
+    MuJoCo observations, whose velocities span far wider than their positions, learns many times slower
+    (benchmarks/README.md, "The MuJoCo suite")."""
 
     def __post_init__(self):
         object.__setattr__(self, "env", EnvSpec.of(self.env))

@@ -28,7 +28,7 @@ from common.errors import UserError, refuse_to_overwrite
 from common.observations import MODEL_INPUT_KEY, ModelInput, is_image, is_mapped, model_space
 from common.run_dir import RunDir, write_csv, write_json
 from common.trained_policy import ModulePolicy
-from dataset_format import episode_stats
+from dataset_format import Col, column_to_numpy, episode_stats
 from evaluation.config import EvaluateConfig
 from evaluation.references import no_score_reason, normalized_score, read_reference
 from training.config import OnlinePolicyConfig
@@ -40,18 +40,43 @@ SCORE = "normalized_score"
 EPISODES_PER_ITERATION_MEAN = 100_000
 
 
-def rllib_env(env: EnvSpec, observation_space: gym.Space) -> str:
-    """The name RLlib's env runners make the env by: a plain registered id of vector observations as it is
-    (gymnasium makes it, as it always has for the suite's policies), any other spec through a creator registered
-    with Ray Tune. Images and Discrete observations reach the network through `ModelInput`, as the offline
-    learners' batches do: channels-last frames in [0, 1], one-hot integers."""
-    mapped = is_mapped(observation_space)
-    if env.is_plain_id and not mapped:
+# Random-play steps whose observations' means and deviations `normalize_observations` takes.
+NORMALIZING_STEPS = 10_000
+
+
+def network_input(config: OnlinePolicyConfig, observation_space: gym.Space) -> ModelInput | None:
+    """How the network sees the env's observations: images and Discrete ones as the offline learners' batches
+    do (channels-last frames in [0, 1], one-hot integers); vectors normalized by random play's statistics where
+    `normalize_observations` asks, else as they are (None)."""
+    if config.normalize_observations:
+        if is_mapped(observation_space):
+            raise UserError(f"{config.env.label}: normalize_observations is for vector observations, not "
+                            f"{observation_space}; remove it (images are scaled to [0, 1] already)")
+        return ModelInput.normalizing(random_play_observations(config.env, NORMALIZING_STEPS, config.seed))
+    return ModelInput.of(observation_space) if is_mapped(observation_space) else None
+
+
+def random_play_observations(env: EnvSpec, steps: int, seed: int) -> np.ndarray:
+    """The observations of at least `steps` steps of uniformly random actions, in seeded episodes as collection
+    seeds them."""
+    runner, tables, rows = EpisodeRunner(env, PolicyConfig(kind="random"), seed, num_envs=1), [], 0
+    while rows < steps:
+        tables.append(runner.run([len(tables)]))
+        rows += tables[-1].num_rows
+    return np.concatenate([column_to_numpy(table[Col.OBS]) for table in tables])
+
+
+def rllib_env(env: EnvSpec, model_input: ModelInput | None) -> str:
+    """The name RLlib's env runners make the env by: a plain registered id whose observations the network takes as
+    they are (gymnasium makes it, as it always has for the suite's policies), any other through a creator
+    registered with Ray Tune."""
+    if env.is_plain_id and model_input is None:
         return env.id
     from ray.tune.registry import register_env
 
     name = f"orl:{env.label}"
-    register_env(name, lambda _: _AsNetworkSeesIt(make_env(env)) if mapped else make_env(env))
+    register_env(name, lambda _: make_env(env) if model_input is None
+                 else _AsNetworkSeesIt(make_env(env), model_input))
     return name
 
 
@@ -59,10 +84,10 @@ class _AsNetworkSeesIt(gym.Wrapper):
     """The env's observations mapped to the network's input, each of its own kept in the step's info for the
     replay."""
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, model_input: ModelInput):
         super().__init__(env)
-        self.model_input = ModelInput.of(env.observation_space)
-        self.observation_space = model_space(env.observation_space)
+        self.model_input = model_input
+        self.observation_space = model_space(env.observation_space, model_input)
 
     def _mapped(self, obs, info: dict) -> tuple[np.ndarray, dict]:
         return self.model_input(np.asarray(obs)[None])[0], {**info, RAW_OBSERVATION: obs}
@@ -82,12 +107,13 @@ def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space):
     model_config = {"fcnet_hiddens": list(config.hidden_layers)}
     if is_image(observation_space):
         model_config["conv_filters"] = config.conv_filters
-    if is_mapped(observation_space):
+    model_input = network_input(config, observation_space)
+    if model_input is not None:
         # The checkpoint keeps the map, so collect_from_policy's ModulePolicy feeds it the env's raw observations.
-        model_config[MODEL_INPUT_KEY] = dataclasses.asdict(ModelInput.of(observation_space))
+        model_config[MODEL_INPUT_KEY] = dataclasses.asdict(model_input)
     return (
         PPOConfig()
-        .environment(rllib_env(config.env, observation_space))
+        .environment(rllib_env(config.env, model_input))
         .env_runners(num_env_runners=config.env_runners, num_envs_per_env_runner=config.envs_per_env_runner)
         .training(lr=config.lr, train_batch_size_per_learner=config.batch_size,
                   minibatch_size=config.minibatch_size, num_epochs=config.epochs)

@@ -55,6 +55,24 @@ def test_a_module_recording_its_input_map_gives_it_back():
     assert ModelInput.of_module(SimpleNamespace(model_config={"fcnet_hiddens": [8]})) is None
 
 
+def test_vectors_normalized_by_a_sample_and_recorded_as_lists_come_back_the_same():
+    rng = np.random.default_rng(0)
+    sample = np.c_[rng.normal(3.0, 10.0, 1000), rng.normal(-1.0, 0.1, 1000), np.full(1000, 7.0)]
+    normalized = ModelInput.normalizing(sample)
+    out = normalized(sample)
+    assert out.dtype == np.float32 and out.shape == (1000, 3)
+    np.testing.assert_allclose(out[:, :2].mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(out[:, :2].std(axis=0), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(out[:, 2], 0.0)  # constant in the sample: shifted, not scaled
+    assert normalized.std[2] == 1.0
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float64)
+    assert model_space(space, normalized) == gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    # A checkpoint may give its model config back with lists where the map had tuples.
+    recorded = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in dataclasses.asdict(normalized).items()}
+    assert ModelInput.of_module(SimpleNamespace(model_config={MODEL_INPUT_KEY: recorded})) == normalized
+
+
 def test_a_discrete_observation_goes_in_one_hot():
     space = gym.spaces.Discrete(5)
     assert is_mapped(space) and not is_image(space)

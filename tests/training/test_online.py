@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
@@ -21,7 +22,8 @@ from common.errors import UserError
 from evaluation.config import EvaluateConfig
 from tests.conftest import REPO, USER_CODE, orl
 from training.config import OnlinePolicyConfig
-from training.online import latest_mean, train_online
+from training.online import (NORMALIZING_STEPS, latest_mean, network_input, random_play_observations,
+                             train_online)
 
 pytestmark = pytest.mark.slow  # PPO trained online
 
@@ -70,6 +72,33 @@ def test_trains_to_the_target_and_collects_with_the_policy(ray_local, workdir):
     assert card.episodes == 10 and card.returns["mean"] > 22
     logp = dataset.load_arrays(workdir / "datasets" / "cartpole-ppo")[dataset.Col.ACTION_LOGP]
     assert np.all(logp <= 0) and logp.std() > 0  # a stochastic policy, neither greedy nor uniform
+
+
+def test_normalized_observations_travel_with_the_checkpoint(ray_local, workdir):
+    """`normalize_observations`: PPO's network sees observations normalized by random play's statistics, the
+    checkpoint keeps them, so that collection feeds it the env's own observations through them, and the replay holds
+    the env's own."""
+    config = OnlinePolicyConfig(target_score=10, max_env_steps=50_000, normalize_observations=True, **TINY)
+    final = train_online("cartpole-ppo", config, workdir / "references", EVALUATE, workdir / "runs" / "ppo",
+                         workdir / "datasets" / "cartpole-ppo-replay", FILE_BYTES)
+    assert final["normalized_score"] >= 10
+
+    checkpoint = workdir / "runs" / "ppo" / "checkpoint"
+    statistics = ModelInput.normalizing(random_play_observations(config.env, NORMALIZING_STEPS, config.seed))
+    assert ModelInput.of_module(load_rl_module(checkpoint)) == statistics
+    assert max(statistics.std) > 5 * min(statistics.std)  # CartPole's velocities vary far more than its angle
+    replay = dataset.load_arrays(workdir / "datasets" / "cartpole-ppo-replay")
+    assert np.abs(replay[dataset.Col.OBS][replay[dataset.Col.T] == 0]).max() <= 0.05  # CartPole's own resets
+    spec = DatasetConfig(env="CartPole-v1", episodes=10, seed=5,
+                         policy=PolicyConfig(kind="model", model=str(checkpoint)))
+    card = collect("cartpole-ppo", spec, CollectConfig(episodes_per_task=5), workdir / "datasets" / "cartpole-ppo")
+    assert card.returns["mean"] > 22  # random play's
+
+
+def test_normalizing_images_is_refused_in_one_line():
+    config = OnlinePolicyConfig(target_score=10, max_env_steps=1000, normalize_observations=True, **TINY)
+    with pytest.raises(UserError, match=r"CartPole-v1: normalize_observations is for vector observations, not Box"):
+        network_input(config, gym.spaces.Box(0, 255, (4, 8, 8), np.uint8))
 
 
 def test_a_target_met_before_any_episode_ends_fails_and_writes_nothing(ray_local, workdir):
