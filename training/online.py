@@ -101,13 +101,13 @@ class _AsNetworkSeesIt(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space):
+def ppo_config(config: OnlinePolicyConfig, observation_space: gym.Space, model_input: ModelInput | None):
+    """PPO's config, its network seeing the env's observations through `model_input` (`network_input`)."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
     model_config = {"fcnet_hiddens": list(config.hidden_layers)}
     if is_image(observation_space):
         model_config["conv_filters"] = config.conv_filters
-    model_input = network_input(config, observation_space)
     if model_input is not None:
         # The checkpoint keeps the map, so collect_from_policy's ModulePolicy feeds it the env's raw observations.
         model_config[MODEL_INPUT_KEY] = dataclasses.asdict(model_input)
@@ -138,18 +138,19 @@ def train_online(name: str, config: OnlinePolicyConfig, references_dir: str | Pa
     spaces, providers = (probe.observation_space, probe.action_space), provider_versions(probe)
     probe.close()
     observation_space = spaces[0]
-    ModelInput.of(observation_space)  # an image whose channel axis is unclear, too
     reference = read_reference(references_dir, config.env.label, evaluate)
     if normalized_score(0.0, reference) is None:
         raise UserError(f"online_policies.{name}: its target is a normalized score, but "
                         f"{no_score_reason(config.env.label)}")
+    # An image whose channel axis is unclear, or normalized, fails here, before the run starts.
+    model_input = network_input(config, observation_space)
     experiment_id = tracking.use_experiment(config.env.label)
 
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"ppo-online-{name}"):
         mlflow.log_params({"algo": "ppo", "name": name, **dataclasses.asdict(config), "env": config.env.label})
         mlflow.set_tags({"git_commit": tracking.git_commit(), "env_id": config.env.label, "algo": "ppo",
                          "purpose": "behaviour policy"})
-        algorithm = ppo_config(config, observation_space).build_algo()
+        algorithm = ppo_config(config, observation_space, model_input).build_algo()
         experience = []
         try:
             curve = _train_to_target(algorithm, name, config, reference, run.checkpoint, experience)
