@@ -9,10 +9,10 @@ evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ±
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale and
-values set) and OUT/quality.png, after every cell; `--update` keeps the cells (dataset, learner) not measured in
-this run, and a measured cell's scores on other seeds where it was measured with the same settings (so `--seeds 1`
-adds a seed to a cell of seed 0).
+Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale,
+values set and hyper-parameters) and OUT/quality.png, after every cell; `--update` keeps the cells (dataset,
+learner) not measured in this run, and a measured cell's scores on other seeds where it was measured with the same
+settings, params.yaml's values included (so `--seeds 1` adds a seed to a cell of seed 0).
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
@@ -253,7 +253,7 @@ def main() -> None:
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
-                        "train_seconds": args.train_seconds}
+                        "train_seconds": args.train_seconds, "hyper_parameters": hyper_parameters(algo_params)}
             scores = kept_scores(entry, column, settings)
             for key, value in settings.items():
                 entry.setdefault(key, {})[column] = value
@@ -279,9 +279,15 @@ def main() -> None:
     print(table)
 
 
+def hyper_parameters(params) -> dict:
+    """Every value a learner trained with, so that a cell measured before params.yaml changed keeps no seeds."""
+    return {key: value for key, value in dataclasses.asdict(params).items() if key != "per_dataset"}
+
+
 def kept_scores(entry: dict, column: str, settings: dict) -> dict[int, float]:
     """The scores by training seed a cell already holds where it was measured with the same `settings` (the
-    entry's per-column overrides, updates scale and sampling), else none: a cell's seeds share its settings."""
+    entry's per-column overrides, updates scale, sampling and resolved hyper-parameters), else none: a cell's seeds
+    share its settings."""
     same = all(entry.get(key, {}).get(column) == json.loads(json.dumps(value)) for key, value in settings.items())
     if not same or column not in entry.get("seeds", {}):
         return {}

@@ -1,9 +1,10 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
-its seeds made in it, as a cell with other settings says so."""
+its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
+same hyper-parameters."""
 
 from __future__ import annotations
 
-from benchmarks.quality_table import markdown
+from benchmarks.quality_table import kept_scores, markdown
 
 
 def test_a_time_budgeted_cell_gives_its_seeds_updates_and_the_budget():
@@ -17,3 +18,15 @@ def test_a_time_budgeted_cell_gives_its_seeds_updates_and_the_budget():
     row = markdown(results, ["behaviour", "bc", "cql_dqn"]).splitlines()[-1]
     assert row == ("| ALE/Pong-v5 | pong-expert | 97.6 | 56.8 ± 1.2 (batch_size 256, 17,000-17,500 updates, a 210s "
                    "budget) | -3.3 ± 0.1 |")
+
+
+def test_update_keeps_a_cells_seeds_only_where_params_yaml_gave_the_same_values():
+    measured = {"overrides": {}, "updates_scale": 1, "sampled": False, "train_seconds": None,
+                "hyper_parameters": {"lr": 0.001, "batch_size": 256}}
+    entry = {"scores": {"bc": [14.2, 11.0]}, "seeds": {"bc": [0, 1]},
+             **{key: {"bc": value} for key, value in measured.items()}}
+    assert kept_scores(entry, "bc", measured) == {0: 14.2, 1: 11.0}
+    params_changed = {**measured, "hyper_parameters": {"lr": 0.0003, "batch_size": 256}}
+    assert kept_scores(entry, "bc", params_changed) == {}
+    del entry["hyper_parameters"]  # measured before cells recorded their values: unknown, so not kept
+    assert kept_scores(entry, "bc", measured) == {}
