@@ -221,7 +221,8 @@ def main() -> None:
             parser.error(f"--set {field}: no learner measured has that hyper-parameter (training/config.py)")
     start_ray(params.ray.num_cpus)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = json.loads((args.out / "quality.json").read_text()) if args.update else {}
+    measured = args.out / "quality.json"
+    results = json.loads(measured.read_text()) if args.update and measured.exists() else {}  # none yet: a new table
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     for name in args.datasets or list(params.all_datasets):
         dataset_dir = args.datasets_dir / name
