@@ -254,7 +254,7 @@ def main() -> None:
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
-                        "train_seconds": args.train_seconds, "hyper_parameters": hyper_parameters(algo_params)}
+                        "train_seconds": args.train_seconds, "hyper_parameters": algo_params.hyper_parameters()}
             scores = kept_scores(entry, column, settings)
             for key, value in settings.items():
                 entry.setdefault(key, {})[column] = value
@@ -278,11 +278,6 @@ def main() -> None:
                       f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
                 table = write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
     print(table)
-
-
-def hyper_parameters(params) -> dict:
-    """Every value a learner trained with, so that a cell measured before params.yaml changed keeps no seeds."""
-    return {key: value for key, value in dataclasses.asdict(params).items() if key != "per_dataset"}
 
 
 def kept_scores(entry: dict, column: str, settings: dict) -> dict[int, float]:

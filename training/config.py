@@ -90,6 +90,11 @@ class LearnerParams:
             except ValueError as err:
                 raise ValueError(f"per_dataset.{name}: {err}") from None
 
+    def hyper_parameters(self) -> dict[str, Any]:
+        """The values a learner trains with, keyed by name; call on `for_dataset`'s result, whose overrides are in
+        place."""
+        return {key: value for key, value in dataclasses.asdict(self).items() if key != "per_dataset"}
+
     def for_dataset(self, name: str) -> LearnerParams:
         """The hyper-parameters to train on dataset `name`: these, with its `per_dataset` values in place."""
         values = self.per_dataset.get(name, {})

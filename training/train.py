@@ -46,9 +46,7 @@ def train(plan: TrainingPlan, checkpoint_every: int) -> dict:
                                                                "run_name": f"{algo}-{card.name}"}
     with mlflow.start_run(**start) as mlflow_run:
         if resume is None:
-            # The values trained with: `per_dataset`'s are already in place (LearnerParams.for_dataset).
-            hyper_parameters = {k: v for k, v in dataclasses.asdict(params).items() if k != "per_dataset"}
-            mlflow.log_params({"algo": algo, "seed": plan.seed, **hyper_parameters,
+            mlflow.log_params({"algo": algo, "seed": plan.seed, **params.hyper_parameters(),
                                **{f"dataset.{k}": v for k, v in card.summary().items()}})
             mlflow.set_tags({"git_commit": tracking.git_commit(), "dvc.dataset_digest": digest,
                              "dataset": card.name, "env_id": card.env_id or "", "algo": algo})
