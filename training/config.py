@@ -15,8 +15,9 @@ from common.checks import require_conv_filters, require_layer_sizes, require_pos
 from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
-GAUSSIAN, SQUASHED_GAUSSIAN = "gaussian", "squashed_gaussian"
+GAUSSIAN, SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN = "gaussian", "squashed_gaussian", "bounded_mean_gaussian"
 ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN)
+IQL_ACTION_DISTRIBUTIONS = (SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN)
 
 
 def _require_discount(gamma: float) -> None:
@@ -245,10 +246,18 @@ class IQLParams(LearnerParams):
     """Inverse temperature of the policy's advantage weights exp(beta * (Q - V)), capped at 100: 0 is behaviour
     cloning; higher favours the data's best actions more, and the noise in Q - V too (the paper's 3 suits its
     rescaled rewards; see the `advantage_weight_ess` metric and benchmarks/README.md)."""
+    action_distribution: str = SQUASHED_GAUSSIAN
+    """For continuous (Box) actions, the policy's distribution over the actions rescaled to [-1, 1]:
+    `squashed_gaussian`, SAC's tanh-squashed Gaussian with a deviation that depends on the state; or
+    `bounded_mean_gaussian`, the IQL paper's and d3rlpy's: a Gaussian with a tanh-bounded mean and one learned
+    deviation per action dimension (common/action_distributions.py). Discrete actions are always categorical."""
 
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "actor_lr", "tau")
+        if self.action_distribution not in IQL_ACTION_DISTRIBUTIONS:
+            raise ValueError(f"action_distribution '{self.action_distribution}' is unknown; use one of "
+                             f"{', '.join(IQL_ACTION_DISTRIBUTIONS)}")
         _require_discount(self.gamma)
         if not 0.5 <= self.expectile < 1.0:
             raise ValueError(f"expectile must be in [0.5, 1), got {self.expectile}")

@@ -20,6 +20,8 @@ already. What changes here:
 - beta is the paper's inverse temperature (3 on its locomotion tasks, whose rewards it rescales; 1 here, as
   IQLParams'). RLlib's IQL takes it as MARWIL's `beta`, which MARWILConfig.validate caps at 1, so it travels as
   `advantage_beta`.
+- Over Box actions the policy is SAC's tanh-squashed Gaussian, or with `bounded_mean_gaussian` the paper's own
+  (common/action_distributions.py).
 - Q(s, a) for continuous actions is one MLP over the observation and action concatenated (`ConcatQCatalog`), as
   in the paper and d3rlpy, and actions are rescaled to the tanh policy's [-1, 1] (offline_cql.py), kept 1 % inside
   it (registry.py's `SQUASHED_ACTION_MARGIN`).
@@ -42,6 +44,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from common.action_distributions import TorchBoundedMeanGaussian
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import q_network_outputs
 from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate
@@ -58,18 +61,36 @@ class OfflineIQLConfig(IQLConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class)
         self.advantage_beta = 1.0
+        self.bounded_mean_gaussian = False
 
-    def training(self, *, advantage_beta: float | None = None, **kwargs) -> OfflineIQLConfig:
+    def training(self, *, advantage_beta: float | None = None, bounded_mean_gaussian: bool | None = None,
+                 **kwargs) -> OfflineIQLConfig:
         super().training(**kwargs)
         if advantage_beta is not None:
             self.advantage_beta = advantage_beta
+        if bounded_mean_gaussian is not None:
+            self.bounded_mean_gaussian = bounded_mean_gaussian
         return self
 
     def get_default_learner_class(self):
         return OfflineIQLTorchLearner
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=OfflineIQLTorchRLModule, catalog_class=ConcatQCatalog)
+        return RLModuleSpec(module_class=OfflineIQLTorchRLModule,
+                            catalog_class=BoundedMeanGaussianCatalog if self.bounded_mean_gaussian else ConcatQCatalog)
+
+
+class BoundedMeanGaussianCatalog(ConcatQCatalog):
+    """IQL's networks with the paper's policy over Box actions: a Gaussian with a tanh-bounded mean and a deviation
+    that is one free parameter per action dimension, not an output of the network."""
+
+    def __init__(self, observation_space, action_space, model_config_dict, *args, **kwargs):
+        super().__init__(observation_space, action_space, {**model_config_dict, "free_log_std": True}, *args, **kwargs)
+
+    def get_action_dist_cls(self, framework: str):
+        if isinstance(self.action_space, gym.spaces.Box):
+            return TorchBoundedMeanGaussian
+        return super().get_action_dist_cls(framework)
 
 
 class OfflineIQLTorchRLModule(DefaultIQLTorchRLModule):

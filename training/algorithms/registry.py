@@ -28,6 +28,7 @@ from training.algorithms.batch_columns import (
 )
 from training.algorithms.train_batches import BatchPlan, TransitionsData
 from training.config import (
+    BOUNDED_MEAN_GAUSSIAN,
     SQUASHED_GAUSSIAN,
     BCParams,
     ConservativeDQNParams,
@@ -95,6 +96,7 @@ def _iql_config(params: IQLParams):
     return OfflineIQLConfig().training(
         lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, value_lr=params.lr, gamma=params.gamma,
         tau=params.tau, expectile=params.expectile, advantage_beta=params.beta,
+        bounded_mean_gaussian=params.action_distribution == BOUNDED_MEAN_GAUSSIAN,
     )
 
 

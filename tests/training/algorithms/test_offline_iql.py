@@ -74,3 +74,35 @@ def test_value_function_fits_an_upper_expectile_of_q(mixture_dataset):
     # Asymmetric weights 0.9 / 0.1: the fitted V is exceeded by about a tenth to a third of the data's Q-values.
     assert float(above) > 0.5, float(above)
     assert float(out["qf_preds"].mean()) > 1.0  # CartPole's +1 per step has been propagated through V(s')
+
+
+def test_iql_bounded_mean_gaussian_learns_one_deviation_and_acts_within_the_bounds(pendulum_dataset, tmp_path):
+    from common.action_distributions import TorchBoundedMeanGaussian
+
+    card = dataset.read_card(pendulum_dataset)
+    obs = dataset.load_arrays(pendulum_dataset)[Col.OBS][:64]
+    params = IQLParams(**BUDGET, action_distribution="bounded_mean_gaussian")
+    with built_algorithm("iql", params, pendulum_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID].unwrapped()
+        assert module.get_train_action_dist_cls() is TorchBoundedMeanGaussian
+        log_std_before = module.pi.log_std.detach().clone()
+        for _ in range(BUDGET["iterations"]):
+            algorithm.train()
+        assert not torch.equal(module.pi.log_std.detach(), log_std_before)  # a parameter the actor's loss trains
+        with torch.no_grad():
+            inputs = module.forward_inference({"obs": torch.tensor(obs)})["action_dist_inputs"]
+        log_std = inputs.chunk(2, dim=-1)[1]
+        assert torch.equal(log_std, log_std[:1].expand_as(log_std))  # the same deviation in every state
+        algorithm.save_to_path(tmp_path / "iql")
+    del algorithm
+    gc.collect()
+
+    module = load_rl_module(tmp_path / "iql")
+    greedy = ModulePolicy(module, card.spaces[1], greedy=True)
+    actions, _ = greedy.act(obs, [], envs=None)
+    # The mode tanh(mu) in [-1, 1], rescaled to Pendulum's torque in [-2, 2].
+    mu = inputs.chunk(2, dim=-1)[0].numpy()
+    np.testing.assert_allclose(actions, 2.0 * np.tanh(mu), rtol=1e-5, atol=1e-6)
+    sampled, _ = ModulePolicy(module, card.spaces[1], greedy=False).act(
+        obs, [np.random.default_rng(i) for i in range(64)], envs=None)
+    assert sampled.shape == (64, 1) and np.abs(sampled).max() <= 2.0 and not np.allclose(sampled, actions)
