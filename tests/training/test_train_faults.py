@@ -41,10 +41,13 @@ def start_training(workdir, dataset, after_line: str) -> subprocess.Popen:
         [sys.executable, "-m", "pipelines.cli", "train", "--algo", "bc", "--dataset", str(dataset), "--out", "run"],
         cwd=workdir, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
         env={**os.environ, **tracking_env(workdir)})
+    seen = []
     for line in process.stderr:
         if after_line in line:
             return process
-    raise AssertionError(f"training ended (rc {process.wait()}) before '{after_line}'")
+        seen.append(line)
+    raise AssertionError(f"training ended (rc {process.wait()}) before '{after_line}'; its stderr ended:\n"
+                         + "".join(seen[-20:]))
 
 
 def client(workdir):
