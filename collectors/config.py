@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.checks import require_positive
+from common.checks import require_one_of, require_positive
 from common.envs import EnvSpec
 
 POLICY_KINDS = ("random", "callable", "mixture", "model")
@@ -43,8 +43,7 @@ class PolicyConfig:
     D4RL-style mixed data (e.g. a medium policy's episodes plus random ones). In [0, 1]."""
 
     def __post_init__(self):
-        if self.kind not in POLICY_KINDS:
-            raise ValueError(f"kind '{self.kind}' is unknown; use one of {', '.join(POLICY_KINDS)}")
+        require_one_of(self, "kind", POLICY_KINDS)
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon {self.epsilon} is out of range; use a value in [0, 1]")
         if self.action_noise < 0.0:

@@ -10,6 +10,13 @@ def require_positive(config, *names: str) -> None:
             raise ValueError(f"{name} must be > 0, got {value}")
 
 
+def require_one_of(config, name: str, choices: tuple[str, ...]) -> None:
+    """Raises ValueError naming `name` and its choices where its value on `config` is not one of them."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{name} '{value}' is unknown; use one of {', '.join(choices)}")
+
+
 def require_layer_sizes(hidden_layers: list[int]) -> None:
     if not hidden_layers or min(hidden_layers) <= 0:
         raise ValueError(f"hidden_layers must be positive sizes, got {hidden_layers}")

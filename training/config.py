@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.checks import require_conv_filters, require_layer_sizes, require_positive
+from common.checks import require_conv_filters, require_layer_sizes, require_one_of, require_positive
 from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
@@ -83,8 +83,7 @@ class LearnerParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_layer_sizes(self.hidden_layers)
         require_conv_filters(self.conv_filters)
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation '{self.activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
+        require_one_of(self, "activation", ACTIVATIONS)
         for name in self.per_dataset:
             try:
                 self.for_dataset(name)
@@ -135,9 +134,7 @@ class BCParams(LearnerParams):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.action_distribution not in ACTION_DISTRIBUTIONS:
-            raise ValueError(f"action_distribution '{self.action_distribution}' is unknown; use one of "
-                             f"{', '.join(ACTION_DISTRIBUTIONS)}")
+        require_one_of(self, "action_distribution", ACTION_DISTRIBUTIONS)
 
 
 @dataclass(frozen=True)
@@ -255,9 +252,7 @@ class IQLParams(LearnerParams):
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "actor_lr", "tau")
-        if self.action_distribution not in IQL_ACTION_DISTRIBUTIONS:
-            raise ValueError(f"action_distribution '{self.action_distribution}' is unknown; use one of "
-                             f"{', '.join(IQL_ACTION_DISTRIBUTIONS)}")
+        require_one_of(self, "action_distribution", IQL_ACTION_DISTRIBUTIONS)
         _require_discount(self.gamma)
         if not 0.5 <= self.expectile < 1.0:
             raise ValueError(f"expectile must be in [0.5, 1), got {self.expectile}")
