@@ -237,11 +237,9 @@ def require_gpus(algo: str, params: LearnerParams) -> float:
 
 
 def _shuffle_rows(params: LearnerParams, card: dataset.DatasetCard) -> int:
-    """`shuffle_buffer`, fewer where a stream of images would hold more than the learner's memory budget
+    """`shuffle_buffer`, fewer where the stream would hold more than the learner's memory budget
     (`memory_cache_mib`, at least a batch): the buffer and its parts as they are joined, each row with an observation
-    and a next observation as stored. 50,000 rows of 4-frame 84x84 stacks are 2.8 GB twice over."""
-    if not is_image(card.spaces[0]):
-        return params.shuffle_buffer
+    and a next observation as stored. A million rows of 4-frame 84x84 stacks are 56 GB, twice over."""
     row_bytes = 2 * _observation_bytes(card.spaces[0])
     return max(params.batch_size, min(params.shuffle_buffer, params.memory_cache_mib * 2**20 // (2 * row_bytes)))
 
@@ -255,6 +253,6 @@ def _held_bytes(location: dataset.Location, card: dataset.DatasetCard) -> int:
     return dataset.size_on_disk(location, card)
 
 
-def _observation_bytes(space: gym.spaces.Box) -> int:
+def _observation_bytes(space: gym.Space) -> int:
     """An observation's bytes as stored."""
     return space.dtype.itemsize * int(np.prod(space.shape))

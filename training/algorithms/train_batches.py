@@ -88,9 +88,13 @@ class InMemoryBatches:
 class StreamedBatches:
     """A learner's stream of a large dataset's train batches, read from the Parquet files in the learner's own
     process at each pass: its row groups (runs of them of `plan.read_rows` rows or more) in a fresh order, read and
-    mapped by a thread up to `read_ahead_bytes` ahead of the learner, gathered into a shuffle buffer of at least
-    `local_shuffle_buffer_size` rows and cut into batches by tensor indexing; the rows a buffer leaves over (fewer
-    than a batch) join the next one, and a pass ends with its last rows, in a short batch.
+    mapped by a thread up to `read_ahead_bytes` ahead of the learner, into a shuffle buffer that keeps
+    `local_shuffle_buffer_size` rows. Each run read joins the buffer, and batches drawn at random from all of it
+    (by tensor indexing) take it back down to that size, so every batch mixes the rows of many runs read before,
+    from all over the files. Draining the buffer whole at each run instead gave a row group's worth of
+    consecutive updates (500 of IQL's over 131,072 rows) from one stretch of the data, which lowered IQL's score on
+    an online run's logged experience (benchmarks/README.md, "IQL's gap on halfcheetah-medium-replay"). A pass
+    ends with the whole buffer, its last batch short: each row once a pass.
 
     Ray Data's stream, which it replaced, did not stream frames: its first batch came after the whole read
     (benchmarks/README.md, Frames streamed). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
@@ -123,11 +127,11 @@ class StreamedBatches:
             held.append(part)
             rows += _length(part)
             last = number == len(runs) - 1
-            if rows < self.buffer_rows and not last:
+            if rows < self.buffer_rows + self.batch_size and not last:
                 continue
             buffer = {name: torch.cat([part[name] for part in held]) for name in held[0]}
             shuffled = torch.randperm(rows, generator=self.generator)
-            drawn = rows if last else rows - rows % self.batch_size
+            drawn = rows if last else (rows - self.buffer_rows) // self.batch_size * self.batch_size
             for start in range(0, drawn, self.batch_size):
                 picked = shuffled[start:start + self.batch_size]
                 yield self.plan.on_device({name: values[picked] for name, values in buffer.items()}, self.device)

@@ -177,6 +177,23 @@ def test_a_streamed_pass_gives_every_row_once_shuffled_across_episodes(mixture_d
     assert max(first) - min(first) > 4 * 64  # a batch mixes steps from far apart in the files, not one episode
 
 
+def test_a_streams_buffer_keeps_its_rows_as_each_file_joins_it(tmp_path):
+    """Each batch is drawn from the buffer's rows of every file read so far, not only the last: the first half of a
+    pass already spans most files, as a global shuffle's would. A buffer drained whole at each fill gave them a
+    few files at a time."""
+    path = write_frame_stacks(tmp_path / "stacks", episodes=12)  # a file of 9 rows per episode
+    stream = _streamed("bc", load_params("params.yaml").algos.bc, path)
+    file_of = {}
+    for number, entry in enumerate(dataset.read_card(path).files):
+        rows = stream.plan.train_batch(pq.read_table(path / entry["path"]))
+        for obs in batch_columns.network_observations(rows, stream.plan.model_input)["default_policy/obs"]:
+            file_of[obs.tobytes()] = number
+    seen = torch.cat([batch["default_policy/obs"]
+                      for batch in stream.iter_torch_batches(batch_size=4, local_shuffle_buffer_size=60)]).numpy()
+    assert sorted(file_of[obs.tobytes()] for obs in seen) == sorted(file_of.values())  # each row once
+    assert len({file_of[obs.tobytes()] for obs in seen[:len(seen) // 2]}) >= 11
+
+
 @pytest.mark.parametrize("num_shards", [2, 64])
 def test_each_streamed_shard_reads_its_own_rows(mixture_dataset, num_shards):
     """Learners streaming a dataset each read a disjoint share of it: every num_shards-th run of row groups, or
