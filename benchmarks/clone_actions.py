@@ -1,13 +1,13 @@
 """Where BC's clones act, against the data's own actions: how often each joint is at its bound, for the data and for
-the greedy actions of BC over a plain Gaussian and over a tanh-squashed one (`algos.bc.action_distribution`), at one
-training seed or several.
+the greedy actions of BC over a plain Gaussian, over a tanh-squashed one and as a deterministic tanh(mu) fitted by
+squared error (`algos.bc.action_distribution`), at one training seed or several.
 
 Trains BC with each distribution and seed on the dataset with params.yaml's settings (its `per_dataset` values and
 `--set` included), or reads the modules kept in `--checkpoints` by an earlier run (one folder per clone); then acts
 greedily on every logged observation, as evaluation acts. Printed, for the data and each clone: the share of rows with
 some joint at its bound (within 1 % of the action range's half-width), that share per joint, the mean magnitude of the
 actions and the clone's mean distance from the logged action, both in half-widths; with `--references`, each clone's
-normalized score on params.yaml's evaluation episodes; with two clones, their mean distance from each other.
+normalized score on params.yaml's evaluation episodes; each pair of clones' mean distance from each other.
 
     python -m benchmarks.clone_actions --params benchmarks/mujoco/params.yaml \\
         --dataset benchmarks/mujoco/datasets/hopper-medium-replay --checkpoints /tmp/bc-hopper-medium-replay
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 from pathlib import Path
 
 import gymnasium as gym
@@ -116,9 +117,8 @@ def main() -> None:
         if reference:
             cells.append(f"{row['score']:.1f}" if "score" in row else "")  # the data's row has none
         print("| " + " | ".join(cells) + " |")
-    if len(clones) == 2:
-        first, second = clones.values()
-        print(f"\nThe clones' mean distance from each other: {np.abs(first - second).mean():.3f}")
+    for (first, first_actions), (second, second_actions) in itertools.combinations(clones.items(), 2):
+        print(f"\n{first} and {second}: mean distance {np.abs(first_actions - second_actions).mean():.3f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Imported where torch is already in use: importing it loads RLlib.
 from __future__ import annotations
 
 import torch
-from ray.rllib.core.distribution.torch.torch_distribution import TorchDiagGaussian
+from ray.rllib.core.distribution.torch.torch_distribution import TorchDeterministic, TorchDiagGaussian
 
 
 class TorchBoundedMeanGaussian(TorchDiagGaussian):
@@ -20,3 +20,12 @@ class TorchBoundedMeanGaussian(TorchDiagGaussian):
     def from_logits(cls, logits: torch.Tensor, **kwargs) -> TorchBoundedMeanGaussian:
         mu, log_std = logits.chunk(2, dim=-1)
         return cls(loc=torch.tanh(mu), scale=log_std.exp())
+
+
+class TorchTanhDeterministic(TorchDeterministic):
+    """The deterministic policy of d3rlpy's and CORL's BC over actions rescaled to [-1, 1]: the action tanh(mu),
+    fitted by squared error. Its inputs are mu alone; it has no density, so BC fits its `loc` (offline_marwil.py)."""
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, **kwargs) -> TorchTanhDeterministic:
+        return cls(loc=torch.tanh(logits))

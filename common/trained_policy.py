@@ -29,7 +29,7 @@ class ModulePolicy:
     def __init__(self, module, action_space: gym.Space, greedy: bool, temperature: float | None = None):
         from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
 
-        from common.action_distributions import TorchBoundedMeanGaussian
+        from common.action_distributions import TorchBoundedMeanGaussian, TorchTanhDeterministic
 
         if temperature is not None and (greedy or not isinstance(action_space, gym.spaces.Discrete)):
             raise ValueError("a temperature applies to a policy sampling Discrete actions")
@@ -40,10 +40,11 @@ class ModulePolicy:
         self.model_input = ModelInput.of_module(module)  # None: vectors, taken as they are
         # Its distribution over discrete actions; a Box's clipped samples have no density.
         self.with_logp = isinstance(action_space, gym.spaces.Discrete)
-        self.deterministic = greedy
         distribution = module.get_inference_action_dist_cls()
         self.squashed = issubclass(distribution, TorchSquashedGaussian)
         self.bounded_mean = issubclass(distribution, TorchBoundedMeanGaussian)
+        self.tanh_deterministic = issubclass(distribution, TorchTanhDeterministic)  # BC's `deterministic`
+        self.deterministic = greedy or self.tanh_deterministic
 
     def distribution_inputs(self, obs: np.ndarray) -> np.ndarray:
         import torch
@@ -78,16 +79,19 @@ class ModulePolicy:
             actions = (u > cdf).sum(axis=1).clip(max=self.space.n - 1)
             return actions, logp_all[np.arange(len(actions)), actions].astype(np.float32)
         # Box: RLlib's (diagonal or tanh-squashed) Gaussian takes [mean, log_std]; clipping to the bounds makes
-        # density moot.
-        mean, log_std = np.split(inputs, 2, axis=1)
-        if self.bounded_mean:
-            mean = np.tanh(mean)
-        if not self.greedy:
-            noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
-            mean = mean + np.exp(log_std) * noise
-        if self.squashed:
-            mean = np.tanh(mean)
-        if self.squashed or self.bounded_mean:  # CQL, IQL and BC's squashed_gaussian act in [-1, 1] (offline_cql.py)
+        # density moot. A deterministic policy's inputs are its action before the tanh.
+        if self.tanh_deterministic:
+            mean = np.tanh(inputs)
+        else:
+            mean, log_std = np.split(inputs, 2, axis=1)
+            if self.bounded_mean:
+                mean = np.tanh(mean)
+            if not self.greedy:
+                noise = np.stack([rng.standard_normal(mean.shape[1]) for rng in rngs])
+                mean = mean + np.exp(log_std) * noise
+            if self.squashed:
+                mean = np.tanh(mean)
+        if self.squashed or self.bounded_mean or self.tanh_deterministic:  # act in [-1, 1] (offline_cql.py)
             mean = self.space.low + (np.clip(mean, -1.0, 1.0) + 1.0) / 2.0 * (self.space.high - self.space.low)
         actions = np.clip(mean, self.space.low, self.space.high).astype(np.float32)
         return actions, None

@@ -16,7 +16,8 @@ from common.envs import EnvSpec
 
 ACTIVATIONS = ("relu", "tanh", "silu")
 GAUSSIAN, SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN = "gaussian", "squashed_gaussian", "bounded_mean_gaussian"
-ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN)
+DETERMINISTIC = "deterministic"
+ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN, DETERMINISTIC)
 IQL_ACTION_DISTRIBUTIONS = (SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN)
 
 
@@ -130,9 +131,11 @@ class BCParams(LearnerParams):
 
     action_distribution: str = SQUASHED_GAUSSIAN
     """For continuous (Box) actions, the policy's distribution: `squashed_gaussian`, SAC's tanh-squashed Gaussian
-    (IQL's and CQL's actor), fitted to the actions rescaled to [-1, 1] and kept 1 % inside it; or `gaussian`, RLlib's
+    (IQL's and CQL's actor), fitted to the actions rescaled to [-1, 1] and kept 1 % inside it; `gaussian`, RLlib's
     diagonal Gaussian, acting on its mean clipped to the bounds, which scored below it wherever the data's actions
-    crowd the bounds (benchmarks/README.md, BC's action distribution). Discrete actions are always categorical."""
+    crowd the bounds (benchmarks/README.md, BC's action distribution); or `deterministic`, d3rlpy's and CORL's BC:
+    the action tanh(mu), fitted by squared error to the actions rescaled to [-1, 1], whatever their spread at a
+    state. Discrete actions are always categorical."""
 
     def __post_init__(self):
         super().__post_init__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -32,7 +33,7 @@ def test_shares_at_the_bounds_and_the_distance_are_read_in_half_widths():
     assert result["distance"] == pytest.approx((0.995 + 1.0) / 8)
 
 
-@pytest.mark.slow  # three tiny BCs trained in a subprocess
+@pytest.mark.slow  # four tiny BCs trained in a subprocess
 def test_it_trains_each_clone_once_then_reads_them(pendulum_dataset, tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["algos"]["bc"].update(iterations=1, updates_per_iteration=5)
@@ -55,13 +56,14 @@ def test_it_trains_each_clone_once_then_reads_them(pendulum_dataset, tmp_path):
                 if re.match(r"\| (data|BC)", line)}
 
     first, second = run(), run()
-    assert first.stderr.count("[train bc") == 2 and "[train bc" not in second.stderr
+    assert first.stderr.count("[train bc") == 3 and "[train bc" not in second.stderr
     assert "BC with lr 0.0003, 5 updates (--set lr=0.0003)" in first.stdout
     rows = table(second)
-    assert list(rows) == ["data", "BC, gaussian, seed 0", "BC, squashed_gaussian, seed 0"]
+    assert list(rows) == ["data", "BC, gaussian, seed 0", "BC, squashed_gaussian, seed 0", "BC, deterministic, seed 0"]
     assert float(rows["data"][-1]) == 0.0 and all(0.0 <= float(value) <= 1.0 for row in rows.values()
                                                    for value in row[:-1])
-    assert re.search(r"The clones' mean distance from each other: [\d.]+\n", second.stdout)
+    pairs = re.findall(r"\n(BC, \w+, seed 0) and (BC, \w+, seed 0): mean distance [\d.]+\n", second.stdout)
+    assert pairs == list(itertools.combinations(list(rows)[1:], 2))
     assert first.stdout == second.stdout  # the same networks, read back
 
     # Another seed of one distribution: only its clone is trained, and each is scored on the evaluation episodes.
@@ -73,7 +75,7 @@ def test_it_trains_each_clone_once_then_reads_them(pendulum_dataset, tmp_path):
     assert rows["BC, squashed_gaussian, seed 0"][:-1] == table(second)["BC, squashed_gaussian, seed 0"]
     # Pendulum's returns lie in [-3,300, 0] (200 steps of at least -16.3): in [-200, 114.3] against this reference.
     assert all(-200 <= float(rows[label][-1]) <= 114.3 for label in list(rows)[1:])
-    assert "mean distance from each other" in scored.stdout  # two clones: the seeds'
+    assert "seed 0 and BC, squashed_gaussian, seed 1: mean distance" in scored.stdout  # two clones: the seeds'
 
 
 def test_it_refuses_a_dataset_that_is_not_there(tmp_path):

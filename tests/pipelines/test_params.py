@@ -93,7 +93,7 @@ def test_the_suite_trains_behaviour_policies_online():
     (lambda p: p["algos"]["bc"].update(lr="fast"), r"algos.bc.lr must be a float, got 'fast'"),
     (lambda p: p["algos"]["marwil"].update(beta=3), r"algos.marwil: beta must be in \[0, 1\], got 3"),
     (lambda p: p["algos"]["bc"].update(action_distribution="tanh"),
-     r"algos.bc: action_distribution 'tanh' is unknown; use one of gaussian, squashed_gaussian"),
+     r"algos.bc: action_distribution 'tanh' is unknown; use one of gaussian, squashed_gaussian, deterministic"),
     (lambda p: p["train"]["runs"].update(x={"algo": "ppo", "dataset": "cartpole-expert"}),
      r"train.runs.x: unknown algorithm 'ppo': use one of bc, marwil"),
     (lambda p: p["train"]["runs"].update(x={"algo": "bc", "dataset": "nope"}),

@@ -5,8 +5,8 @@ with V frozen at initialisation (see train_batches.py). Its batch function (`wit
 Carlo returns MARWIL is defined with, from `returns_read_rows` rows at a time, bootstrapped with the current
 value function where the env's time limit or the end of a read cut an episode. BC is RLlib's MARWIL with beta = 0
 and no value function; it reads plain transitions, and its loss is computed without the MARWIL terms that beta = 0
-leaves as no-ops. Over Box actions its policy is RLlib's diagonal Gaussian, or SAC's tanh-squashed one
-(`BCParams.action_distribution`).
+leaves as no-ops. Over Box actions its policy is RLlib's diagonal Gaussian, SAC's tanh-squashed one, or d3rlpy's
+deterministic tanh(mu) fitted by squared error (`BCParams.action_distribution`).
 
 MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
 c^2 at 100 whatever the rewards' scale; on LunarLander's returns-to-go the first batches' weights went to a
@@ -27,6 +27,7 @@ from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGa
 from ray.rllib.core.learner.learner import POLICY_LOSS_KEY
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from common.action_distributions import TorchTanhDeterministic
 from training.algorithms.batch_columns import BOOTSTRAP_DISCOUNT, BOOTSTRAP_OBS, OBS, VALUE_TARGETS
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import squared_advantage_norms
@@ -51,13 +52,17 @@ class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
 
 
 class OfflineBCTorchLearner(LeanTorchLearner, MARWILTorchLearner):
-    """BC's loss: the negative log-likelihood of the data's actions. RLlib's MARWIL loss at beta = 0 is the
-    same, after multiplying by one and adding zeros, each an autograd node."""
+    """BC's loss: the negative log-likelihood of the data's actions (RLlib's MARWIL loss at beta = 0 is the same,
+    after multiplying by one and adding zeros, each an autograd node), or for a deterministic policy the mean
+    squared error of its actions."""
 
     def compute_loss_for_module(self, *, module_id, config=None, batch, fwd_out):
         module = self.module[module_id].unwrapped()
         action_dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
-        loss = -action_dist.logp(batch[Columns.ACTIONS]).mean()
+        if isinstance(action_dist, TorchTanhDeterministic):
+            loss = (action_dist.loc - batch[Columns.ACTIONS]).square().mean()
+        else:
+            loss = -action_dist.logp(batch[Columns.ACTIONS]).mean()
         self.metrics.log_value((module_id, POLICY_LOSS_KEY), loss, window=1)
         return loss
 
@@ -67,25 +72,35 @@ class OfflineMARWILConfig(MARWILConfig):
         return OfflineMARWILTorchLearner
 
 
-class SquashedGaussianBCCatalog(BCCatalog):
-    """BC's networks with SAC's tanh-squashed Gaussian over Box actions, which the learner fits to actions rescaled
-    to [-1, 1] (registry.py) and `common/trained_policy.py` rescales back to the env's bounds."""
+class BoxDistributionBCCatalog(BCCatalog):
+    """BC's networks with `box_distribution` over Box actions, which the learner fits to actions rescaled to [-1, 1]
+    (registry.py) and `common/trained_policy.py` rescales back to the env's bounds."""
+
+    box_distribution: type
 
     def get_action_dist_cls(self, framework: str):
         if isinstance(self.action_space, gym.spaces.Box):
-            return TorchSquashedGaussian
+            return self.box_distribution
         return super().get_action_dist_cls(framework)
+
+
+class SquashedGaussianBCCatalog(BoxDistributionBCCatalog):
+    box_distribution = TorchSquashedGaussian
+
+
+class TanhDeterministicBCCatalog(BoxDistributionBCCatalog):
+    box_distribution = TorchTanhDeterministic
 
 
 class OfflineBCConfig(BCConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class)
-        self.squashed_gaussian = False
+        self.box_catalog: type[BoxDistributionBCCatalog] | None = None  # None: RLlib's diagonal Gaussian
 
-    def training(self, *, squashed_gaussian: bool | None = None, **kwargs) -> OfflineBCConfig:
+    def training(self, *, box_catalog: type[BoxDistributionBCCatalog] | None = None, **kwargs) -> OfflineBCConfig:
         super().training(**kwargs)
-        if squashed_gaussian is not None:
-            self.squashed_gaussian = squashed_gaussian
+        if box_catalog is not None:
+            self.box_catalog = box_catalog
         return self
 
     def get_default_learner_class(self):
@@ -93,6 +108,6 @@ class OfflineBCConfig(BCConfig):
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         spec = super().get_default_rl_module_spec()
-        if self.squashed_gaussian:
-            spec.catalog_class = SquashedGaussianBCCatalog
+        if self.box_catalog is not None:
+            spec.catalog_class = self.box_catalog
         return spec

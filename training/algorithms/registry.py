@@ -29,6 +29,8 @@ from training.algorithms.batch_columns import (
 from training.algorithms.train_batches import BatchPlan, TransitionsData
 from training.config import (
     BOUNDED_MEAN_GAUSSIAN,
+    DETERMINISTIC,
+    GAUSSIAN,
     SQUASHED_GAUSSIAN,
     BCParams,
     ConservativeDQNParams,
@@ -58,9 +60,14 @@ class OfflineAlgorithm:
 
 
 def _bc_config(params: BCParams):
-    from training.algorithms.offline_marwil import OfflineBCConfig
+    from training.algorithms.offline_marwil import (
+        OfflineBCConfig,
+        SquashedGaussianBCCatalog,
+        TanhDeterministicBCCatalog,
+    )
 
-    return OfflineBCConfig().training(lr=params.lr, squashed_gaussian=params.action_distribution == SQUASHED_GAUSSIAN)
+    box_catalog = {SQUASHED_GAUSSIAN: SquashedGaussianBCCatalog, DETERMINISTIC: TanhDeterministicBCCatalog}
+    return OfflineBCConfig().training(lr=params.lr, box_catalog=box_catalog.get(params.action_distribution))
 
 
 def _marwil_config(params: MARWILParams):
@@ -120,9 +127,11 @@ def _iql_batches(params: IQLParams, action_space) -> BatchPlan:
 
 
 def _bc_batches(params: BCParams, action_space) -> BatchPlan:
-    if isinstance(action_space, gym.spaces.Box) and params.action_distribution == SQUASHED_GAUSSIAN:
+    if isinstance(action_space, gym.spaces.Box) and params.action_distribution != GAUSSIAN:
+        # A squared error has no degenerate density at the bounds to keep the actions from.
+        margin = SQUASHED_ACTION_MARGIN if params.action_distribution == SQUASHED_GAUSSIAN else 0.0
         return BatchPlan(cloning_batch_in_unit_actions,
-                         {"low": action_space.low, "high": action_space.high, "margin": SQUASHED_ACTION_MARGIN})
+                         {"low": action_space.low, "high": action_space.high, "margin": margin})
     return BatchPlan(cloning_batch)
 
 

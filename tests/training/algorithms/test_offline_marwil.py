@@ -1,5 +1,6 @@
 """MARWIL's advantage normalizer starts at the data's scale, not RLlib's fixed 100; BC's loss is RLlib's MARWIL
-loss at beta = 0; BC's squashed Gaussian fits actions rescaled to [-1, 1] and acts within the env's bounds."""
+loss at beta = 0; BC's squashed Gaussian fits actions rescaled to [-1, 1] and acts within the env's bounds; its
+deterministic policy fits them by squared error and acts on tanh(mu) whether sampling or not."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.conftest import built_algorithm, train_columns
 from training.algorithms.batch_columns import ACTIONS, OBS, VALUE_TARGETS
 from training.algorithms.registry import SQUASHED_ACTION_MARGIN
 from training.algorithms.rllib_internals import local_learner
-from training.config import GAUSSIAN, SQUASHED_GAUSSIAN
+from training.config import DETERMINISTIC, GAUSSIAN, SQUASHED_GAUSSIAN
 
 ROWS = 256
 
@@ -97,6 +98,54 @@ def test_bc_squashed_gaussian_fits_unit_actions_and_acts_within_the_bounds(pendu
     policy = ModulePolicy(load_rl_module(tmp_path / "bc"), card.spaces[1], greedy=True)
     actions, _ = policy.act(dataset.load_arrays(pendulum_dataset)[Col.OBS][:64], [], envs=None)
     assert policy.squashed and actions.shape == (64, 1) and np.abs(actions).max() <= 2.0
+
+
+def test_bc_deterministic_fits_unit_actions_by_squared_error_and_acts_on_them(pendulum_dataset, tmp_path):
+    from common.action_distributions import TorchTanhDeterministic
+
+    card = dataset.read_card(pendulum_dataset)
+    arrays = dataset.load_arrays(pendulum_dataset)
+    params = dataclasses.replace(load_params("params.yaml").algos.bc, action_distribution=DETERMINISTIC,
+                                 iterations=3, hidden_layers=[32, 32])
+    with built_algorithm("bc", params, pendulum_dataset) as algorithm:
+        learner = local_learner(algorithm)
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        assert module.get_train_action_dist_cls() is TorchTanhDeterministic
+        batch = train_columns(algorithm, ROWS)
+        # Pendulum's torque in [-2, 2], halved into [-1, 1] with no margin: the expert's full torques are +-1.
+        unit = batch[ACTIONS].numpy()
+        assert np.abs(unit).max() == 1.0
+        assert (np.abs(2.0 * unit.ravel()[:, None] - arrays[Col.ACTIONS].ravel()).min(axis=1) < 1e-5).all()
+        config = learner.config.get_config_for_module(DEFAULT_MODULE_ID)
+
+        def loss() -> tuple[float, float]:
+            """The learner's loss, and the squared error of tanh(mu) computed here."""
+            with torch.no_grad():
+                fwd_out = module.forward_train(batch)
+                ours = learner.compute_loss_for_module(module_id=DEFAULT_MODULE_ID, config=config, batch=batch,
+                                                       fwd_out=fwd_out)
+                mu = fwd_out["action_dist_inputs"]
+                assert mu.shape == batch[ACTIONS].shape  # no deviation among its outputs
+                return ours.item(), (torch.tanh(mu) - batch[ACTIONS]).square().mean().item()
+
+        before, expected = loss()
+        assert before == pytest.approx(expected)
+        for _ in range(params.iterations):
+            algorithm.train()
+        assert loss()[0] < before
+        algorithm.save_to_path(tmp_path / "bc")
+        with torch.no_grad():
+            mu = module.forward_inference({OBS: torch.tensor(arrays[Col.OBS][:64])})["action_dist_inputs"].numpy()
+    del algorithm
+    gc.collect()
+
+    module = load_rl_module(tmp_path / "bc")
+    obs = arrays[Col.OBS][:64]
+    greedy, _ = ModulePolicy(module, card.spaces[1], greedy=True).act(obs, [], envs=None)
+    sampling = ModulePolicy(module, card.spaces[1], greedy=False)
+    sampled, _ = sampling.act(obs, np.random.default_rng(0).spawn(64), envs=None)
+    assert sampling.deterministic and np.array_equal(greedy, sampled)
+    np.testing.assert_allclose(greedy, 2.0 * np.tanh(mu), rtol=1e-5, atol=1e-6)
 
 
 def test_bc_gaussian_fits_the_logged_actions_as_they_are(pendulum_dataset):
