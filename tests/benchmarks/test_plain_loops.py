@@ -67,10 +67,11 @@ def test_each_recipe_scores_each_seed_on_the_evaluation_episodes_and_refuses_the
 
     scored = run("bc", pendulum_dataset, "--seeds", "0", "1", "--sampling", "passes")
     assert scored.returncode == 0, scored.stderr[-3000:]
-    seeds = re.findall(r"pendulum-medium bc seed (\d): normalized (-?[\d.]+)", scored.stdout)
-    assert [seed for seed, _ in seeds] == ["0", "1"]
+    seeds = re.findall(r"pendulum-medium bc seed (\d): normalized (-?[\d.]+) \(returns (-?\d+), (-?\d+)\)",
+                       scored.stdout)  # two evaluation episodes each
+    assert [seed for seed, *_ in seeds] == ["0", "1"]
     # Pendulum's returns lie in [-3,300, 0] (200 steps of at least -16.3): in [-200, 114.3] against this reference.
-    assert all(-200 <= float(score) <= 114.3 for _, score in seeds)
+    assert all(-200 <= float(score) <= 114.3 and -3300 <= float(first) <= 0 for _, score, first, _ in seeds)
     assert "pendulum-medium bc, passes: " in scored.stdout and "over seeds [0, 1]" in scored.stdout
 
     cql = run("discrete-cql", expert_dataset, "--seeds", "0")
