@@ -113,12 +113,15 @@ def train_bc(columns: dict[str, torch.Tensor], space: gym.spaces.Box, args, seed
     return lambda obs: (low + (torch.tanh(policy(obs)[0]) + 1.0) / 2.0 * (high - low)).numpy()
 
 
-def columns_for(recipe: str, table, space: gym.Space, gamma: float) -> dict[str, torch.Tensor]:
-    """The recipe's columns, mapped as our DQN (n-step 1) or our BC (actions in [-1, 1], no margin) map them."""
+def columns_for(recipe: str, dataset_dir: Path, space: gym.Space, gamma: float) -> dict[str, torch.Tensor]:
+    """The recipe's columns, mapped as our DQN (n-step 1) or our BC (actions in [-1, 1], no margin) map them, from
+    the dataset's columns that the mapping reads."""
     if recipe == "discrete-cql":
-        mapped, names = with_n_step(table, n=1, gamma=gamma), (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)
+        map_rows, options, names = with_n_step, {"n": 1, "gamma": gamma}, (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS)
     else:
-        mapped, names = cloning_batch_in_unit_actions(table, space.low, space.high, margin=0.0), (OBS, ACTIONS)
+        map_rows, options, names = (cloning_batch_in_unit_actions,
+                                    {"low": space.low, "high": space.high, "margin": 0.0}, (OBS, ACTIONS))
+    mapped = map_rows(dataset.read_table(dataset_dir, columns=map_rows.columns), **options)
     return {name: torch.as_tensor(np.array(mapped[f"{DEFAULT_MODULE_ID}/{name}"])) for name in names}
 
 
@@ -170,7 +173,7 @@ def main() -> None:
     reference = read_reference(args.references, card.env.label, params.evaluate)
     if CEILING not in reference:
         raise SystemExit(f"{args.dataset}: {no_score_reason(card.env.label)}")
-    columns = columns_for(args.recipe, dataset.read_table(dataset_dir), action_space, args.gamma)
+    columns = columns_for(args.recipe, dataset_dir, action_space, args.gamma)
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     scores = []
     for seed in args.seeds:
