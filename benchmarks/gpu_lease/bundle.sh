@@ -4,13 +4,14 @@
 # working tree (`carry: [".gpu"]`; 64 MiB in all, the tracked files included):
 #   site312.tar.xz  the missing packages at requirements.lock's versions, their cp312 wheels unpacked, Ray's Java jars
 #                   and dashboard build left out (37 MB), and a dist-info that gives this project's version
-#   datasets/NAME   the dataset, collected here (Pong's frames: about 160 bytes a transition on disk)
-#   references/     its env's references, measured here (`orl reference`)
-#   params.yaml     benchmarks/atari/params.yaml for four quality_table runs at once on the lent machine (16 cores)
+#   datasets/NAME   the datasets, collected here (Pong's frames: about 160 bytes a transition on disk)
+#   references/     their envs' references, measured here (`orl reference`)
+#   params.yaml     benchmarks/atari/params.yaml for three or four quality_table runs at once on the lent machine
 # Run from the repository root, in its virtualenv:
-#   bash benchmarks/gpu_lease/bundle.sh DATASET_DIR REFERENCES_DIR
+#   bash benchmarks/gpu_lease/bundle.sh REFERENCES_DIR DATASET_DIR...
 set -euo pipefail
-dataset=$1 references=$2
+references=$1
+shift
 missing="ray gymnasium ale-py farama-notifications dm-tree lz4 ormsgpack tensorboardx jsonschema
          jsonschema-specifications referencing rpds-py pydantic pydantic-core annotated-types typing-inspection"
 rm -rf .gpu && mkdir -p .gpu/wheels .gpu/site .gpu/datasets
@@ -28,7 +29,7 @@ mkdir -p "$info"
 printf 'Metadata-Version: 2.1\nName: offline-rl-pipeline\nVersion: %s\n' "$version" >"$info/METADATA"
 tar -C .gpu/site -cf - . | xz -T0 -6 >.gpu/site312.tar.xz
 rm -rf .gpu/wheels .gpu/site
-cp -r "$dataset" .gpu/datasets/ && cp -r "$references" .gpu/references
+cp -r "$@" .gpu/datasets/ && cp -r "$references" .gpu/references
 python - <<'PY'
 import yaml
 

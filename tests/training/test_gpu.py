@@ -67,3 +67,18 @@ def test_a_cnn_learner_trains_on_the_gpu_and_its_checkpoint_acts_without_one(alg
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_allclose(json.loads(result.stdout.splitlines()[-1]), on_gpu, rtol=1e-4, atol=1e-5)
+
+
+def test_held_frames_are_gathered_on_the_gpu_into_the_batches_the_cpu_gives(tmp_path):
+    """A dataset held in memory moves to the learner's GPU once, and each batch is gathered there: the same rows, in
+    the same order, as on the CPU."""
+    frames = write_frame_stacks(tmp_path / "frames", frame_shape=(84, 84), episodes=4, length=40)
+    params = load_params(REPO / "params.yaml").algos.bc
+    config = rllib_config("bc", params, frames, seed=0)
+    on_cpu, on_gpu = (config.offline_data_class(config).sample(num_samples=0, return_iterator=True)[0]
+                      .iter_torch_batches(batch_size=16, device=device) for device in ("cpu", "cuda"))
+    assert on_gpu.frames.frames.device.type == "cuda"
+    for cpu_batch, gpu_batch in zip(on_cpu, on_gpu, strict=True):
+        assert {values.device.type for values in gpu_batch.values()} == {"cuda"}
+        for name, values in cpu_batch.items():
+            torch.testing.assert_close(gpu_batch[name].cpu(), values, rtol=0, atol=0)

@@ -51,14 +51,15 @@ class InMemoryBatches:
         self.location, self.plan, self.shard, self.num_shards = location, plan, shard, num_shards
         self.seed = (seed or 0) + shard
         self.columns: dict[str, torch.Tensor] | None = None
-        self.frames: dataset.FrameStore | None = None
-        self.batch_size, self.device = 0, "cpu"
+        self.frames: HeldFrames | None = None
+        self.batch_size, self.device = 0, torch.device("cpu")
 
     def load(self) -> InMemoryBatches:
         """Reads and maps the rows (once); this learner's share stays."""
         if self.columns is None:
-            mapped, self.frames = self.plan.held_batch(self.location)
+            mapped, store = self.plan.held_batch(self.location)
             self.columns = {name: _tensor(values[self.shard::self.num_shards]) for name, values in mapped.items()}
+            self.frames = None if store is None else HeldFrames.of(store)
             self.generator = torch.Generator().manual_seed(self.seed)
         return self
 
@@ -69,20 +70,27 @@ class InMemoryBatches:
     def iter_torch_batches(self, *, batch_size: int, device="cpu", **_ray_data_kwargs) -> InMemoryBatches:
         """The batches to read, as `ray.data.DataIterator.iter_torch_batches` gives them; shuffle settings
         are for streaming."""
-        self.batch_size, self.device = batch_size, device
+        self.batch_size = batch_size
+        self._hold_on(torch.device(device))
         return self
+
+    def _hold_on(self, device: torch.device) -> None:
+        """Moves the held rows to the learner's device, once: each batch is then gathered where the network runs,
+        and on a GPU no row crosses from the host after the first pass (as the plain torch loop holds its data)."""
+        self.load()
+        if device != self.device:
+            self.columns = {name: values.to(device) for name, values in self.columns.items()}
+            self.frames = None if self.frames is None else self.frames.to(device)
+            self.device = device
 
     def __iter__(self):
         rows = self.rows
-        order = torch.randperm(rows, generator=self.generator)
+        order = torch.randperm(rows, generator=self.generator).to(self.device)
         # A shard smaller than a batch is read whole; a pass that yielded nothing would make RLlib wait forever.
         for start in range(0, max(rows - self.batch_size + 1, 1), self.batch_size):
             picked = order[start:start + self.batch_size]
             batch = {name: values[picked] for name, values in self.columns.items()}
-            if self.frames is not None:
-                yield self.plan.network_batch(batch, self.frames, self.device)
-            else:
-                yield {name: values.to(self.device) for name, values in batch.items()}
+            yield batch if self.frames is None else self.plan.network_batch(batch, self.frames)
 
 
 class StreamedBatches:
@@ -221,13 +229,32 @@ class BatchPlan:
         frames, rows = dataset.read_frames(location, self.model_input.channels_first)
         return self.to_train_batch(rows, **self.kwargs), frames
 
-    def network_batch(self, batch: dict[str, torch.Tensor], frames: dataset.FrameStore,
-                      device: torch.device | str) -> dict[str, torch.Tensor]:
-        """A batch of `held_batch`'s columns on `device`, its observation ids made the network's input there: the
-        frames travel as uint8 and become float32 where the network runs (on a GPU, a quarter of the bytes to copy,
-        and the conversion off the CPU)."""
-        return self.on_device({name: torch.from_numpy(frames[ids.numpy()]) if name in OBSERVATION_COLUMNS else ids
-                               for name, ids in batch.items()}, device)
+    def network_batch(self, batch: dict[str, torch.Tensor], frames: HeldFrames) -> dict[str, torch.Tensor]:
+        """A batch of `held_batch`'s columns, its observation ids made the network's input on the device that holds
+        `frames` and the batch: frames gathered and made float32 where the network runs."""
+        return self.on_device({name: frames[ids] if name in OBSERVATION_COLUMNS else ids
+                               for name, ids in batch.items()}, frames.frames.device)
+
+
+@dataclass(frozen=True)
+class HeldFrames:
+    """A dataset's `FrameStore` as tensors, on the device where a learner gathers its batches' observations."""
+
+    frames: torch.Tensor
+    stacks: torch.Tensor
+    channels_first: bool
+
+    @classmethod
+    def of(cls, store: dataset.FrameStore) -> HeldFrames:
+        return cls(_tensor(store.frames), torch.from_numpy(store.stacks).long(), store.channels_first)
+
+    def to(self, device: torch.device) -> HeldFrames:
+        return HeldFrames(self.frames.to(device), self.stacks.to(device), self.channels_first)
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        """The observations of `ids`, at the shape the dataset stores (as `FrameStore[ids]`)."""
+        stacked = self.frames[self.stacks[ids]]
+        return stacked if self.channels_first else stacked.movedim(1, -1).contiguous()
 
 
 class TransitionsData(OfflineData):
