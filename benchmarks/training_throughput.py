@@ -9,6 +9,8 @@ start-up is the time from building the algorithm to the end of its first iterati
 number feeds RLlib's learner batches made ahead: its ratio is the ceiling the data pipeline cannot raise. The three
 loops take turns, one iteration's updates each. Hyper-parameters come from params.yaml's `algos`. With
 `--gpus-per-learner`, RLlib's learner trains on the GPU and the plain loop holds the data there and trains there.
+The plain loop always holds the data; RLlib's learner holds it where it fits `memory_cache_mib` (`--memory-cache-mib`
+sets it) and streams it otherwise, as the table's "RLlib data" column says.
 
     python benchmarks/training_throughput.py --dataset datasets/cartpole-medium --iterations 10
 """
@@ -202,6 +204,8 @@ class PlainLoop:
 
 @dataclasses.dataclass
 class Measurement:
+    held: bool
+    """RLlib's learner held the dataset in memory (else it streamed it)."""
     startup_s: float
     rllib: float
     """Steady-state samples/s of RLlib's training iterations."""
@@ -249,7 +253,8 @@ def measure(algo: str, params: LearnerParams, dataset_dir: Path, table: pa.Table
         del algorithm
         gc.collect()
     samples = iterations * params.updates_per_iteration * params.batch_size
-    return Measurement(startup, samples * max(1, params.num_learners) / seconds["rllib"],
+    return Measurement(config.materialize_mapped_data, startup,
+                       samples * max(1, params.num_learners) / seconds["rllib"],
                        samples / seconds["learner"] if local_learner else float("nan"), samples / seconds["plain"],
                        (rllib_parameters, plain.trained_parameters()))
 
@@ -299,25 +304,31 @@ def main() -> None:
     parser.add_argument("--gpus-per-learner", type=float, default=0.0,
                         help="num_gpus_per_learner for RLlib; above 0 the plain loop runs on the GPU too")
     parser.add_argument("--batch-size", type=int, help="instead of params.yaml's")
+    parser.add_argument("--memory-cache-mib", type=int,
+                        help="instead of params.yaml's: RLlib's learner holds a dataset that fits it in memory (on "
+                             "its GPU with --gpus-per-learner) and streams one that does not")
     args = parser.parse_args()
 
     params = load_params(args.params)
     start_ray(params.ray.num_cpus)
     torch.manual_seed(0)
     table = dataset.load_table(args.dataset)
-    rows = ["| learner | num_learners | GPUs per learner | batch | RLlib start-up (s) | RLlib samples/s | "
+    rows = ["| learner | num_learners | GPUs per learner | batch | RLlib data | RLlib start-up (s) | RLlib samples/s | "
             "plain torch samples/s | ratio | RLlib learner alone: ratio | parameters: RLlib / plain |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for algo in args.algos:
         algo_params = dataclasses.replace(params.algos.get(algo), num_gpus_per_learner=args.gpus_per_learner)
         if args.batch_size:
             algo_params = dataclasses.replace(algo_params, batch_size=args.batch_size)
+        if args.memory_cache_mib is not None:
+            algo_params = dataclasses.replace(algo_params, memory_cache_mib=args.memory_cache_mib)
         for learners in args.learners or [algo_params.num_learners]:
             m = measure(algo, dataclasses.replace(algo_params, num_learners=learners), args.dataset, table,
                         args.iterations)
             rows.append(f"| {algo} | {learners} | {args.gpus_per_learner:g} | {algo_params.batch_size} | "
-                        f"{m.startup_s:.1f} | {m.rllib:,.0f} | {m.plain:,.0f} | {m.rllib / m.plain:.2f} | "
-                        f"{m.learner_alone / m.plain:.2f} | {m.parameters[0]:,} / {m.parameters[1]:,} |")
+                        f"{'held' if m.held else 'streamed'} | {m.startup_s:.1f} | {m.rllib:,.0f} | {m.plain:,.0f} | "
+                        f"{m.rllib / m.plain:.2f} | {m.learner_alone / m.plain:.2f} | "
+                        f"{m.parameters[0]:,} / {m.parameters[1]:,} |")
             print(rows[-1], file=sys.stderr, flush=True)
     print("\n".join(rows))
 

@@ -18,7 +18,7 @@ print('ray', ray.__version__, 'torch', torch.__version__, 'pyarrow', pyarrow.__v
       'pandas', pandas.__version__, 'cuda', torch.cuda.is_available())" || exit 1
 
 timeout 150 python3 benchmarks/training_throughput.py --params params.yaml --dataset .gpu/datasets/pong-random \
-    --algos bc dqn --iterations 10 --gpus-per-learner 1 >"$OUT/throughput.log" 2>&1
+    --algos bc dqn --iterations 10 --gpus-per-learner 1 --memory-cache-mib 8192 >"$OUT/throughput.log" 2>&1
 echo "throughput exit $?"
 
 table() {  # the run's name, then quality_table's arguments
