@@ -55,10 +55,10 @@ class LearnerParams:
     2,377."""
     memory_cache_mib: int = 256
     """Datasets up to this size on disk (256 MiB by default; images count one observation per transition, in
-    memory, not on disk) are read and mapped to train batches once and held in memory, as tensors in the learner's
-    process, each pass a fresh shuffle of all rows. Larger ones stream from Parquet at each pass through
-    `shuffle_buffer`, each learner reading its files itself: memory stays flat, but each pass reads the files
-    again. 0 always streams."""
+    memory, not on disk) are read and mapped to train batches once and held as tensors on the learner's device
+    (a GPU's own memory, where it trains on one), each pass a fresh shuffle of all rows. Larger ones stream from
+    Parquet at each pass through `shuffle_buffer`, each learner reading its files itself: memory stays flat, but
+    each pass reads the files again. 0 always streams."""
     stream_read_ahead_mib: int = 64
     """For datasets that stream: memory for the row groups a learner reads and maps ahead of its updates, beside
     its shuffle buffer (at least one run of row groups). With the buffer, it bounds a learner's memory whatever the
@@ -72,7 +72,8 @@ class LearnerParams:
     num_gpus_per_learner: float = 0
     """GPUs for each learner (RLlib's `num_gpus_per_learner`): with `num_learners` 0, any value above 0 trains on
     this machine's first GPU; with n learners, each actor takes this share of a GPU on its node. 0 (the default)
-    trains on the CPU. Batches are made on the CPU either way and moved to the GPU per update."""
+    trains on the CPU. A dataset held in memory moves to the GPU once, and each batch is gathered there; a streamed
+    one's batches are made on the CPU and moved to the GPU per update."""
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other values of these keys for some datasets, by dataset name, e.g. `{lunarlander-medium: {beta: 0.1}}`:
     good values differ between environments (IQL's beta, benchmarks/README.md). DVC tracks the whole section, so
