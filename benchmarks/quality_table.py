@@ -9,10 +9,10 @@ evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ±
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
 d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
-Writes OUT/quality.md, OUT/quality.json (every per-seed score, with each cell's training seeds, updates scale,
-values set and hyper-parameters) and OUT/quality.png, after every cell; `--update` keeps the cells (dataset,
-learner) not measured in this run, and a measured cell's scores on other seeds where it was measured with the same
-settings, params.yaml's values included (so `--seeds 1` adds a seed to a cell of seed 0).
+Writes OUT/quality.md, OUT/quality.json (every per-seed score and each evaluation episode's return, with each cell's
+training seeds, updates scale, values set and hyper-parameters) and OUT/quality.png, after every cell; `--update`
+keeps the cells (dataset, learner) not measured in this run, and a measured cell's scores on other seeds where it
+was measured with the same settings, params.yaml's values included (so `--seeds 1` adds a seed to a cell of seed 0).
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
@@ -256,6 +256,7 @@ def main() -> None:
             settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
                         "train_seconds": args.train_seconds, "hyper_parameters": algo_params.hyper_parameters()}
             scores = kept_scores(entry, column, settings)
+            entry.setdefault("episode_returns", {})[column] = kept_episode_returns(entry, column, scores)
             for key, value in settings.items():
                 entry.setdefault(key, {})[column] = value
             record(entry, column, scores)
@@ -273,9 +274,11 @@ def main() -> None:
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
                 score = scores[seed] = normalized_score(float(np.mean(returns)), reference)
+                entry["episode_returns"][column][str(seed)] = [round(float(value), 2) for value in returns]
                 record(entry, column, scores)
-                print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f}, "
-                      f"normalized {score:.1f} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+                print(f"[quality] {name} {column} seed {seed}: return {np.mean(returns):.1f} (episodes "
+                      f"{np.min(returns):.1f} to {np.max(returns):.1f}), normalized {score:.1f} "
+                      f"({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
                 table = write_results(results, list(params.all_datasets), args.out)  # a stopped run keeps its cells
     print(table)
 
@@ -288,6 +291,13 @@ def kept_scores(entry: dict, column: str, settings: dict) -> dict[int, float]:
     if not same or column not in entry.get("seeds", {}):
         return {}
     return dict(zip(entry["seeds"][column], entry["scores"][column]))
+
+
+def kept_episode_returns(entry: dict, column: str, kept: dict[int, float]) -> dict[str, list[float]]:
+    """The evaluation episodes' returns of the seeds `kept_scores` kept, by seed: a mean hides the one episode of
+    ten in which a walker's clone fell."""
+    return {seed: returns for seed, returns in entry.get("episode_returns", {}).get(column, {}).items()
+            if int(seed) in kept}
 
 
 def record(entry: dict, column: str, scores: dict[int, float]) -> None:

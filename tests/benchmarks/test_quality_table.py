@@ -1,10 +1,10 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
-same hyper-parameters."""
+same hyper-parameters, and keeps the evaluation returns of those seeds alone."""
 
 from __future__ import annotations
 
-from benchmarks.quality_table import kept_scores, markdown
+from benchmarks.quality_table import kept_episode_returns, kept_scores, markdown
 
 
 def test_a_time_budgeted_cell_gives_its_seeds_updates_and_the_budget():
@@ -30,3 +30,10 @@ def test_update_keeps_a_cells_seeds_only_where_params_yaml_gave_the_same_values(
     assert kept_scores(entry, "bc", params_changed) == {}
     del entry["hyper_parameters"]  # measured before cells recorded their values: unknown, so not kept
     assert kept_scores(entry, "bc", measured) == {}
+
+
+def test_update_keeps_the_episode_returns_of_the_seeds_it_keeps():
+    entry = {"episode_returns": {"bc": {"0": [2700.0, 26.0], "1": [2650.0, 2690.0]}}}
+    assert kept_episode_returns(entry, "bc", {1: 11.0}) == {"1": [2650.0, 2690.0]}
+    assert kept_episode_returns(entry, "bc", {}) == {}
+    assert kept_episode_returns({}, "bc", {0: 14.2}) == {}  # measured before cells recorded their returns
