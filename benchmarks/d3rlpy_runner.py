@@ -13,6 +13,7 @@ card lists.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -170,11 +171,18 @@ def main() -> None:
     parser.add_argument("--expectile", type=float, default=0.7)
     parser.add_argument("--beta", type=float, default=3.0, help="IQL's inverse temperature (d3rlpy's weight_temp)")
     parser.add_argument("--eval-seeds", type=json.loads, required=True, help="JSON list of env reset seeds")
+    parser.add_argument("--config", type=json.loads, default={},
+                        help="JSON {field: value} of the d3rlpy config's own fields, over its defaults (e.g. "
+                             "'{\"alpha_learning_rate\": 0}' holds CQL's conservative weight fixed)")
     args = parser.parse_args()
 
     card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
-    algo = build(args, card, discrete).create(device="cpu:0")
+    config = build(args, card, discrete)
+    unknown = set(args.config) - {field.name for field in dataclasses.fields(config)}
+    if unknown:
+        raise SystemExit(f"--config: {type(config).__name__} has no field {', '.join(sorted(unknown))}")
+    algo = dataclasses.replace(config, **args.config).create(device="cpu:0")
     algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,
              experiment_name=None, with_timestamp=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory())
 

@@ -15,7 +15,8 @@ keeps the cells (dataset, learner) not measured in this run, and a measured cell
 was measured with the same settings, params.yaml's values included (so `--seeds 1` adds a seed to a cell of seed 0).
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
-another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--sample-actions`
+another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--d3rlpy-set
+FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks. `--sample-actions`
 evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of
 greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our learners at a time
 budget instead of params.yaml's iterations, for a machine lent for a fixed time (benchmarks/gpu_lease/).
@@ -90,13 +91,14 @@ def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, c
 
 
 def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Path, seed: int,
-                 eval_seeds: list[int]) -> np.ndarray:
+                 eval_seeds: list[int], config: dict) -> np.ndarray:
+    """`config`: d3rlpy config fields over its defaults (`--d3rlpy-set`)."""
     command = [python, str(ROOT / "benchmarks" / "d3rlpy_runner.py"), "--dataset", str(dataset_dir),
                "--algo", algo.removeprefix("d3rlpy-"), "--seed", str(seed),
                "--steps", str(params.iterations * params.updates_per_iteration),
                "--batch-size", str(params.batch_size), "--lr", str(params.lr),
                "--hidden", *map(str, params.hidden_layers), "--conv-filters", json.dumps(params.conv_filters),
-               "--eval-seeds", json.dumps(eval_seeds)]
+               "--eval-seeds", json.dumps(eval_seeds), "--config", json.dumps(config)]
     if isinstance(params, DQNParams):
         command += ["--gamma", str(params.gamma), "--target-update-every", str(params.target_update_every),
                     "--cql-alpha", str(params.cql_alpha)]
@@ -197,6 +199,9 @@ def main() -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
                         help="a hyper-parameter's value for every measured learner that has it, instead of "
                              "params.yaml's (e.g. beta=0.1); the cells say so")
+    parser.add_argument("--d3rlpy-set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
+                        help="a field of d3rlpy's own config for d3rlpy's learners, over its default (e.g. "
+                             "alpha_learning_rate=0); the cells say so")
     parser.add_argument("--train-seconds", type=float,
                         help="our learners stop after the first iteration that ends past this many seconds (a lent "
                              "machine's fixed time); each cell records the updates its seeds made")
@@ -253,6 +258,8 @@ def main() -> None:
                          **{field: value for field, value in args.set if hasattr(configured, field)}}
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
+            d3rlpy_config = dict(args.d3rlpy_set) if column.startswith("d3rlpy") else {}
+            overrides = {**overrides, **d3rlpy_config}
             settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
                         "train_seconds": args.train_seconds, "hyper_parameters": algo_params.hyper_parameters()}
             scores = kept_scores(entry, column, settings)
@@ -263,7 +270,8 @@ def main() -> None:
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
-                    returns = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed, eval_seeds)
+                    returns = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed, eval_seeds,
+                                           d3rlpy_config)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
                         updates = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
