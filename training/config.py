@@ -7,6 +7,7 @@ These are the public knobs; `training/algorithms/registry.py` maps them onto RLl
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,19 +110,28 @@ class LearnerParams:
                 raise ValueError(f"unknown key '{key}'; known keys: {', '.join(keys)}")
             if not _is_a(hints[key], value):
                 raise ValueError(f"{key} must be {_type_name(hints[key])}, got {value!r}")
-        return dataclasses.replace(self, per_dataset={}, **{key: float(value) if hints[key] is float else value
+        return dataclasses.replace(self, per_dataset={}, **{key: _declared(hints[key], value)
                                                              for key, value in values.items()})
 
 
 def _is_a(tp, value) -> bool:
     """`value` is of type `tp` (an int passes for a float, a bool for nothing else), list elements included."""
+    if typing.get_origin(tp) is types.UnionType:  # `X | None`
+        return any(_is_a(arg, value) for arg in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return isinstance(value, list) and all(_is_a(typing.get_args(tp)[0], item) for item in value)
     return type(value) is tp or (tp is float and type(value) is int)
 
 
+def _declared(tp, value):
+    """An int given for a float field, as a float."""
+    return float(value) if type(value) is int and float in (tp, *typing.get_args(tp)) else value
+
+
 def _type_name(tp) -> str:
-    """'a float', 'an int', 'a list of int'."""
+    """'a float', 'an int', 'a list of int', 'a float or None'."""
+    if typing.get_origin(tp) is types.UnionType:
+        return " or ".join(_type_name(arg) if arg is not type(None) else "None" for arg in typing.get_args(tp))
     name = f"list of {typing.get_args(tp)[0].__name__}" if typing.get_origin(tp) is list else tp.__name__
     return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
@@ -221,13 +231,22 @@ class CQLParams(LearnerParams):
     """Weight of the conservative penalty on Q-values of actions sampled away from the data."""
     num_actions: int = 10
     """Actions sampled per state to estimate the penalty's logsumexp."""
+    lagrangian_threshold: float | None = None
+    """None keeps the penalty's weight at `min_q_weight`. A number scales it by a multiplier learned by dual gradient
+    descent (the CQL paper's Lagrangian form; d3rlpy's CQL does so by default, with 10): the multiplier grows while
+    the penalty's gap, the logsumexp of Q over sampled actions less Q on the data's actions, is above this
+    threshold, and shrinks while it is below, so Q-values are held about this far from out-of-data actions'."""
+    lagrangian_lr: float = 1e-4
+    """Learning rate of the multiplier's log (d3rlpy's `alpha_learning_rate`)."""
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive(self, "actor_lr", "tau", "num_actions")
+        require_positive(self, "actor_lr", "tau", "num_actions", "lagrangian_lr")
         _require_discount(self.gamma)
         if self.min_q_weight < 0:
             raise ValueError(f"min_q_weight must be >= 0, got {self.min_q_weight}")
+        if self.lagrangian_threshold is not None and self.min_q_weight == 0:
+            raise ValueError("lagrangian_threshold scales the penalty of min_q_weight, which is 0; set one of them")
 
 
 @dataclass(frozen=True)

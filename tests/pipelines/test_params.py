@@ -67,6 +67,13 @@ def test_per_dataset_values_replace_the_sections_for_that_dataset_only():
     assert iql.beta == 1.0
 
 
+def test_a_per_dataset_value_sets_an_optional_hyper_parameter():
+    cql = dataclasses.replace(load_params(SUITE).algos.cql, per_dataset={"x": {"lagrangian_threshold": 10}})
+    assert cql.lagrangian_threshold is None
+    threshold = cql.for_dataset("x").lagrangian_threshold
+    assert threshold == 10.0 and type(threshold) is float
+
+
 def test_the_suite_trains_behaviour_policies_online():
     params = load_params(SUITE)
     assert params.online_policy("lunarlander-ppo").target_score == 40
@@ -127,6 +134,10 @@ def test_the_suite_trains_behaviour_policies_online():
      r"algos.iql: per_dataset.cartpole-medium: iterations must be an int, got True"),
     (lambda p: p["algos"]["iql"]["per_dataset"].update({"cartpole-medium": {"beta": -1}}),
      r"algos.iql: per_dataset.cartpole-medium: beta must be >= 0, got -1"),
+    (lambda p: p["algos"]["cql"].update(per_dataset={"cartpole-medium": {"lagrangian_threshold": "high"}}),
+     r"algos.cql: per_dataset.cartpole-medium: lagrangian_threshold must be a float or None, got 'high'"),
+    (lambda p: p["algos"]["cql"].update(min_q_weight=0, lagrangian_threshold=10),
+     r"algos.cql: lagrangian_threshold scales the penalty of min_q_weight, which is 0"),
     (lambda p: p["online_policies"]["lunarlander-ppo"].update(env={"name": "Lunar"}),
      r"online_policies.lunarlander-ppo.env: an env spec gives either `id`"),
 ])

@@ -9,22 +9,112 @@ actions (kept in the env's bounds, where users expect them) to [-1, 1]. `common.
 
 Its Q-network is the CQL paper's, one MLP of `hidden_layers` over the observation and action concatenated
 (`ConcatQCatalog`, shared.py).
+
+RLlib 2.60's `lagrangian` flag is read by no learner of the new API stack; `OfflineCQLTorchLearner` learns the
+conservative weight itself where `CQLParams.lagrangian_threshold` is set.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
 from ray.rllib.algorithms.cql.torch.default_cql_torch_rl_module import DefaultCQLTorchRLModule
+from ray.rllib.algorithms.sac.sac_learner import QF_PREDS, QF_TWIN_PREDS
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
-from training.algorithms.rllib_internals import mark_offline
+from training.algorithms.rllib_internals import mark_offline, temp_losses
 from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
+
+# The keys of `learner_config_dict` that turn the learned conservative weight on (registry.py sets them).
+LAGRANGIAN_THRESHOLD = "lagrangian_threshold"
+LAGRANGIAN_LR = "lagrangian_lr"
+# The optimizer of the multiplier's log, its key in the learner's state, and the metrics it logs.
+CONSERVATIVE_WEIGHT = "conservative_weight"
+LOG_CONSERVATIVE_WEIGHTS = "log_conservative_weights"
+CONSERVATIVE_GAP = "conservative_gap"
 
 
 class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner):
-    """Target critics follow by Polyak averaging at every gradient update (shared.py)."""
+    """Target critics follow by Polyak averaging at every gradient update (shared.py).
+
+    With a Lagrangian threshold, the conservative penalty `min_q_weight * gap` is scaled by a multiplier learned
+    by dual gradient descent, as d3rlpy's CQL does by default (the CQL paper's Lagrangian form): `gap` is the
+    logsumexp of Q over the sampled actions less Q on the data's actions, and the multiplier's log moves to
+    raise the penalty while the gap is above the threshold and lower it while below.
+    """
+
+    def build(self) -> None:
+        self.log_conservative_weights: dict[str, torch.Tensor] = {}  # filled as the optimizers are configured
+        super().build()
+
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        super().configure_optimizers_for_module(module_id, config)
+        settings = config.learner_config_dict
+        if settings.get(LAGRANGIAN_THRESHOLD) is None:
+            return
+        log_weight = torch.zeros((), device=self.device, requires_grad=True)  # the multiplier starts at 1
+        self.register_optimizer(module_id=module_id, optimizer_name=CONSERVATIVE_WEIGHT,
+                                optimizer=torch.optim.Adam([log_weight]), params=[log_weight],
+                                lr_or_lr_schedule=settings[LAGRANGIAN_LR])
+        self.log_conservative_weights[module_id] = log_weight
+
+    def get_state(self, *args, **kwargs):
+        return {**super().get_state(*args, **kwargs),
+                LOG_CONSERVATIVE_WEIGHTS: {key: weight.item() for key, weight in self.log_conservative_weights.items()}}
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        with torch.no_grad():  # a resumed run goes on from the multiplier it had reached
+            for module_id, value in state.get(LOG_CONSERVATIVE_WEIGHTS, {}).items():
+                self.log_conservative_weights[module_id].fill_(value)
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        log_weight = self.log_conservative_weights.get(module_id)
+        if log_weight is None:
+            return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        multiplier = log_weight.exp().clamp(max=1e6)  # d3rlpy's clip, for stability
+        scaled = ScaledPenalty(config, config.min_q_weight * multiplier.detach())
+        loss = super().compute_loss_for_module(module_id=module_id, config=scaled, batch=batch, fwd_out=fwd_out)
+        gap = conservative_gap(config, fwd_out)
+        threshold = config.learner_config_dict[LAGRANGIAN_THRESHOLD]
+        temp_losses(self)[(module_id, CONSERVATIVE_WEIGHT + "_loss")] = (
+            -multiplier * config.min_q_weight * (gap - threshold))
+        self.metrics.log_dict({CONSERVATIVE_WEIGHT: multiplier.detach(), CONSERVATIVE_GAP: gap}, key=module_id,
+                              window=1)
+        return loss
+
+
+class ScaledPenalty:
+    """The algorithm config, with `min_q_weight` a tensor: the multiplier scales RLlib's whole penalty term."""
+
+    def __init__(self, config, min_q_weight: torch.Tensor):
+        self._config, self.min_q_weight = config, min_q_weight
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+
+@torch.no_grad()
+def conservative_gap(config, fwd_out: dict) -> torch.Tensor:
+    """The penalty's unweighted gap as RLlib 2.60's CQL learner builds it from its module's training outputs:
+    temperature * logsumexp(Q / temperature) over uniform, current-policy and next-policy actions, each less its
+    log-density, less the mean Q on the data's actions (averaged over the twin critics)."""
+    action_dim = fwd_out["actions_curr_repeat"].shape[-1]
+    uniform_log_density = action_dim * math.log(0.5)  # actions in [-1, 1]
+    gaps = []
+    for prefix, data_q in (("q", QF_PREDS), ("q_twin", QF_TWIN_PREDS)):
+        if f"{prefix}_rand_repeat" not in fwd_out:
+            continue
+        sampled = torch.cat([fwd_out[f"{prefix}_rand_repeat"] - uniform_log_density,
+                             fwd_out[f"{prefix}_next_repeat"] - fwd_out["logps_next_repeat"],
+                             fwd_out[f"{prefix}_curr_repeat"] - fwd_out["logps_curr_repeat"]], dim=1)
+        logsumexp = config.temperature * torch.logsumexp(sampled / config.temperature, dim=1).mean()
+        gaps.append(logsumexp - fwd_out[data_q].mean())
+    return torch.stack(gaps).mean()
 
 
 class OfflineCQLConfig(CQLConfig):

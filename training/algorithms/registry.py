@@ -87,14 +87,15 @@ def _dqn_config(params: DQNParams):
 
 
 def _cql_config(params: CQLParams):
-    from training.algorithms.offline_cql import OfflineCQLConfig
+    from training.algorithms.offline_cql import LAGRANGIAN_LR, LAGRANGIAN_THRESHOLD, OfflineCQLConfig
 
     # SAC-based CQL has one learning rate per network (and refuses a global `lr`).
     return OfflineCQLConfig().training(
         lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma,
         tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
         bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
-    )
+    ).learners(learner_config_dict={LAGRANGIAN_THRESHOLD: params.lagrangian_threshold,
+                                    LAGRANGIAN_LR: params.lagrangian_lr})
 
 
 def _iql_config(params: IQLParams):

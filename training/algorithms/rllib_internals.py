@@ -69,6 +69,9 @@ HOOKS = {hook.key: hook for hook in (
     Hook("ray.rllib.core.learner.learner_group:LearnerGroup", "_learner",
          "the learner of a group with no remote learners (num_learners 0), which tests and benchmarks drive "
          "directly; RLlib's public API reaches it only through remote calls."),
+    Hook("ray.rllib.algorithms.cql.torch.cql_torch_learner:CQLTorchLearner", "_temp_losses",
+         "the losses CQL's compute_gradients backpropagates, one per optimizer; our CQL adds its learned "
+         "conservative weight's loss there (offline_cql.py)."),
     Hook("ray.rllib.core.learner.learner:Learner", "_named_optimizers",
          "the learner's optimizers, which tests check were built fused (lean_learner.py)."),
     Hook("ray.rllib.core.learner.learner:Learner", "_no_metrics_reduce",
@@ -119,6 +122,11 @@ def local_learner(algorithm):
 def named_optimizers(learner) -> dict:
     """Learner._named_optimizers"""
     return learner._named_optimizers
+
+
+def temp_losses(learner) -> dict:
+    """CQLTorchLearner._temp_losses: {(module_id, optimizer name + "_loss"): loss} for its compute_gradients."""
+    return learner._temp_losses
 
 
 def update_without_reducing_metrics(learner, **update_kwargs) -> None:

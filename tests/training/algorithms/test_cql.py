@@ -1,5 +1,6 @@
 """CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
-actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds."""
+actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds; with a Lagrangian
+threshold it learns its conservative weight, which a resumed run restores."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from common.errors import UserError
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from tests.conftest import built_algorithm
+from training.algorithms.offline_cql import CONSERVATIVE_GAP, CONSERVATIVE_WEIGHT, LOG_CONSERVATIVE_WEIGHTS
 from training.algorithms.registry import rllib_config
 from training.algorithms.rllib_internals import local_learner
 from training.config import CQLParams, DQNParams
@@ -46,6 +48,25 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
     obs = dataset.load_arrays(pendulum_dataset)[Col.OBS][:64]
     actions, _ = policy.act(obs, [np.random.default_rng(i) for i in range(64)], envs=None)
     assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)
+
+
+@pytest.mark.parametrize("threshold", [1e3, -1e3])
+def test_the_conservative_weight_shrinks_below_the_threshold_and_grows_above(pendulum_dataset, threshold):
+    # The gap (logsumexp of Q over sampled actions less Q on the data's) is a few units here: far below 1e3, far
+    # above -1e3.
+    params = CQLParams(**BUDGET, lagrangian_threshold=threshold, lagrangian_lr=0.01)
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
+        stats = algorithm.train()["learners"]["default_policy"]
+        assert abs(stats[CONSERVATIVE_GAP]) < 100
+        weight = stats[CONSERVATIVE_WEIGHT]
+        assert weight < 1 if threshold > 0 else weight > 1  # it starts at 1 and moves at each update
+        learner = local_learner(algorithm)
+        state = learner.get_state()
+        log_weight = state[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID]
+        learner.set_state({**state, LOG_CONSERVATIVE_WEIGHTS: {DEFAULT_MODULE_ID: 0.0}})
+        assert learner.get_state()[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID] == 0.0
+        learner.set_state(state)  # as a resumed run restores it
+        assert learner.get_state()[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID] == log_weight != 0.0
 
 
 def test_algorithms_refuse_the_wrong_action_space(pendulum_dataset, expert_dataset):
