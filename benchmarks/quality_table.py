@@ -45,10 +45,7 @@ from common.errors import UserError, exit_on_user_error
 from common.ray_runtime import start_ray
 from evaluation.references import CEILING, no_score_reason, normalized_score, read_reference
 from pipelines.params import load_params
-from training.algorithms.registry import (
-    ALGORITHMS,
-    rllib_config,
-)
+from training.algorithms.registry import ALGORITHMS, learner_metrics, rllib_config
 from training.config import CQLParams, DQNParams, IQLParams, LearnerParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,24 +63,28 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path,
-               seconds: float | None = None) -> int:
+               seconds: float | None = None) -> tuple[int, list[dict[str, float]]]:
     """Trains for params' iterations, or until the first iteration that ends past `seconds`; returns the gradient
-    updates made. A progress line after the first iteration (it loads the data) and every tenth of them (a cell can
-    take an hour)."""
+    updates made and the learner's metrics at each progress line: after the first iteration (it loads the data) and
+    every tenth of them (a cell can take an hour). The metrics show a learner's path (CQL's learned weight) where a
+    score alone cannot."""
     algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
-    started, every = time.monotonic(), max(1, params.iterations // 10)
+    started, every, path = time.monotonic(), max(1, params.iterations // 10), []
     try:
         for iteration in range(1, params.iterations + 1):
-            algorithm.train()
+            metrics = learner_metrics(algorithm.train())
             elapsed = time.monotonic() - started
             if iteration == 1 or iteration % every == 0:
+                path.append({"iteration": iteration, **metrics})
                 print(f"[train {algo} {dataset_dir.name} seed {seed}] iteration {iteration}/{params.iterations} "
                       f"({elapsed:.0f}s, {iteration * params.updates_per_iteration * params.batch_size / elapsed:,.0f}"
                       " samples/s)", file=sys.stderr, flush=True)
             if seconds is not None and elapsed > seconds:
                 break
         algorithm.save_to_path(checkpoint.resolve())
-        return iteration * params.updates_per_iteration
+        if path[-1]["iteration"] != iteration:
+            path.append({"iteration": iteration, **metrics})
+        return iteration * params.updates_per_iteration, path
     finally:
         algorithm.stop()
         del algorithm
@@ -274,9 +275,10 @@ def main() -> None:
                                            d3rlpy_config)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
-                        updates = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
-                                             args.train_seconds)
+                        updates, path = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
+                                                   args.train_seconds)
                         entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates
+                        entry.setdefault("learner_metrics", {}).setdefault(column, {})[str(seed)] = path
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,

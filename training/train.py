@@ -21,15 +21,9 @@ from common.errors import UserError
 from common.run_dir import CURVE_METRIC, RunDir, write_csv, write_json
 from common.trained_policy import MODULE_SUBDIR
 from training.algorithms.registry import algorithm as offline_algorithm
-from training.algorithms.registry import rllib_config
+from training.algorithms.registry import learner_metrics, rllib_config
 from training.algorithms.train_batches import release_data_iterator
 from training.plan import TrainingPlan
-
-
-def learner_metrics(result: dict) -> dict[str, float]:
-    """The scalar learner statistics of one `Algorithm.train()` result."""
-    stats = result["learners"]["default_policy"]
-    return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def train(plan: TrainingPlan, checkpoint_every: int) -> dict:

@@ -1,10 +1,17 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
-same hyper-parameters, and keeps the evaluation returns of those seeds alone."""
+same hyper-parameters, and keeps the evaluation returns of those seeds alone. Our learner's cell keeps the learner's
+metrics at each progress line."""
 
 from __future__ import annotations
 
-from benchmarks.quality_table import kept_episode_returns, kept_scores, markdown
+import dataclasses
+
+import pytest
+
+from benchmarks.quality_table import kept_episode_returns, kept_scores, markdown, train_ours
+from pipelines.params import load_params
+from tests.conftest import REPO
 
 
 def test_a_time_budgeted_cell_gives_its_seeds_updates_and_the_budget():
@@ -37,3 +44,15 @@ def test_update_keeps_the_episode_returns_of_the_seeds_it_keeps():
     assert kept_episode_returns(entry, "bc", {1: 11.0}) == {"1": [2650.0, 2690.0]}
     assert kept_episode_returns(entry, "bc", {}) == {}
     assert kept_episode_returns({}, "bc", {0: 14.2}) == {}  # measured before cells recorded their returns
+
+
+@pytest.mark.slow  # 25 tiny iterations
+def test_our_learner_reports_its_metrics_at_each_progress_line_and_at_the_last_iteration(expert_dataset, tmp_path):
+    bc = dataclasses.replace(load_params(REPO / "params.yaml").algos.get("bc"), iterations=25, updates_per_iteration=1,
+                             hidden_layers=[16])
+    updates, path = train_ours("bc", bc, expert_dataset, 0, tmp_path / "checkpoint")
+
+    assert updates == 25
+    # A line every 2 iterations of 25, the first's (it loads the data) and the last's, which no line falls on.
+    assert [point["iteration"] for point in path] == [1, *range(2, 25, 2), 25]
+    assert all(isinstance(point["policy_loss"], float) for point in path), path  # BC's loss, at every line

@@ -8,6 +8,7 @@ entry's own config. params.yaml's `algos` section is parsed into the entry's par
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,12 @@ def rllib_config(algo: str, params: LearnerParams, dataset_path: str | Path | da
         # One iteration is exactly `updates_per_iteration` updates (CQL would otherwise repeat them).
         .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=0)
     )
+
+
+def learner_metrics(result: dict) -> dict[str, float]:
+    """The scalar learner statistics of one `Algorithm.train()` result."""
+    stats = result["learners"]["default_policy"]
+    return {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def require_gpus(algo: str, params: LearnerParams) -> float:
