@@ -19,7 +19,9 @@ another value on every dataset measured; a cell with `per_dataset` or `--set` va
 FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks. `--sample-actions`
 evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of
 greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our learners at a time
-budget instead of params.yaml's iterations, for a machine lent for a fixed time (benchmarks/gpu_lease/).
+budget instead of params.yaml's iterations, for a machine lent for a fixed time (benchmarks/gpu_lease/). `--pool DIR
+...` measures nothing: it joins the cells of runs made apart (one seed per process, two processes at once on 2 cores)
+into OUT's table, each cell with every run's seeds, and refuses a cell whose runs differ in settings.
 """
 
 from __future__ import annotations
@@ -211,6 +213,10 @@ def main() -> None:
     parser.add_argument("--sample-actions", action="store_true",
                         help=f"evaluate {' and '.join(POLICY_ALGOS)} sampling their actions instead of greedily "
                              "(needs --algos naming only those)")
+    parser.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
+                        help="measure nothing: pool the cells of earlier runs (their --out directories) into OUT, "
+                             "each cell with every run's seeds (those of --algos alone, where given); with --update, "
+                             "OUT's own cells first")
     args = parser.parse_args()
     if args.sample_actions and not (args.algos and set(args.algos) <= set(POLICY_ALGOS)):
         parser.error(f"--sample-actions needs --algos naming only {', '.join(POLICY_ALGOS)}: the Q-learners' "
@@ -220,6 +226,14 @@ def main() -> None:
         parser.error("--train-seconds applies to our learners only: add --no-d3rlpy, or --algos without d3rlpy's")
 
     params = load_params(args.params)
+    measured = args.out / "quality.json"
+    if args.pool:
+        pooled = pool(read_tables(args.pool), args.algos)
+        if args.update and measured.exists():  # OUT's own cells, every column of them
+            pooled = pool({**read_tables([args.out]), "the runs pooled": pooled})
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(write_results(pooled, list(params.all_datasets), args.out))
+        return
     counterpart = {**D3RLPY_COUNTERPART, **D3RLPY_CONTINUOUS_COUNTERPART}
     for field, _ in args.set:
         if not any(hasattr(params.algos.get(counterpart.get(column, column)), field)
@@ -227,7 +241,6 @@ def main() -> None:
             parser.error(f"--set {field}: no learner measured has that hyper-parameter (training/config.py)")
     start_ray(params.ray.num_cpus)
     args.out.mkdir(parents=True, exist_ok=True)
-    measured = args.out / "quality.json"
     results = json.loads(measured.read_text()) if args.update and measured.exists() else {}  # none yet: a new table
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     for name in args.datasets or list(params.all_datasets):
@@ -317,6 +330,66 @@ def record(entry: dict, column: str, scores: dict[int, float]) -> None:
     else:
         entry["scores"].pop(column, None)
         entry.get("seeds", {}).pop(column, None)
+
+
+CELL_SETTINGS = ("overrides", "updates_scale", "sampled", "train_seconds", "hyper_parameters")  # main's `settings`
+PER_SEED = ("episode_returns", "updates_made", "learner_metrics")  # a cell's records, by training seed
+
+
+def pool(tables: dict[str, dict], columns: list[str] | None = None) -> dict:
+    """One table of several runs' `quality.json` (`tables`, by where each was read), each cell with the seeds of every
+    run that measured it (those of `columns` alone, where given): runs of one cell's seeds at once, in separate
+    processes. A cell pools only runs that measured it with the same settings, and a dataset only runs that saw the
+    same behaviour and references; a seed measured twice is an error, not a choice."""
+    pooled: dict[str, dict] = {}
+    for source, results in tables.items():
+        for name, entry in results.items():
+            into = pooled.setdefault(name, {"env_id": entry["env_id"], "reference": entry["reference"],
+                                            "scores": {"behaviour": entry["scores"]["behaviour"]}})
+            if _measured_on(into) != _measured_on(entry):
+                raise UserError(f"{source}: {name} was measured on other data or references than in the runs "
+                                "before it (its env, references or behaviour score differ); pool runs of one dataset")
+            for column in entry["scores"]:
+                if column == "behaviour" or (columns and column not in columns):
+                    continue
+                settings = {key: entry.get(key, {}).get(column) for key in CELL_SETTINGS}
+                scores = dict(zip(entry["seeds"][column], entry["scores"][column]))
+                if column in into.get("seeds", {}):
+                    differ = [key for key in CELL_SETTINGS if into[key][column] != settings[key]]
+                    if differ:
+                        raise UserError(f"{source}: {name}'s {column} was measured with other {', '.join(differ)} "
+                                        "than the runs before it; a cell's seeds share its settings")
+                    twice = sorted(set(into["seeds"][column]) & set(scores))
+                    if twice:
+                        raise UserError(f"{source}: {name}'s {column} seed {twice[0]} is in an earlier run too; "
+                                        "leave one of them out")
+                    scores |= dict(zip(into["seeds"][column], into["scores"][column]))
+                for key in CELL_SETTINGS:
+                    into.setdefault(key, {})[column] = settings[key]
+                for key in PER_SEED:
+                    if column in entry.get(key, {}):
+                        into.setdefault(key, {}).setdefault(column, {}).update(entry[key][column])
+                record(into, column, scores)
+    return pooled
+
+
+def read_tables(directories: list[Path]) -> dict[str, dict]:
+    """The tables of earlier runs, by path: each directory's `quality.json`."""
+    tables = {}
+    for directory in directories:
+        path = directory / "quality.json"
+        try:
+            tables[str(path)] = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{path} does not exist; --pool takes the --out directories of earlier runs") from None
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path} is not a quality table's JSON ({err}); pool the --out directories of runs of "
+                            "this script") from None
+    return tables
+
+
+def _measured_on(entry: dict) -> tuple:
+    return entry["env_id"], entry["reference"], entry["scores"]["behaviour"]
 
 
 def write_results(results: dict, order: list[str], out: Path) -> str:

@@ -1,15 +1,18 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
-same hyper-parameters, and keeps the evaluation returns of those seeds alone. Our learner's cell keeps the learner's
-metrics at each progress line."""
+same hyper-parameters, and keeps the evaluation returns of those seeds alone; `--pool` joins the seeds of runs made
+apart, refusing what one cell cannot hold. Our learner's cell keeps the learner's metrics at each progress line."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 
 import pytest
 
-from benchmarks.quality_table import kept_episode_returns, kept_scores, markdown, train_ours
+from benchmarks.quality_table import kept_episode_returns, kept_scores, main, markdown, pool, train_ours
+from common.errors import UserError
 from pipelines.params import load_params
 from tests.conftest import REPO
 
@@ -44,6 +47,54 @@ def test_update_keeps_the_episode_returns_of_the_seeds_it_keeps():
     assert kept_episode_returns(entry, "bc", {1: 11.0}) == {"1": [2650.0, 2690.0]}
     assert kept_episode_returns(entry, "bc", {}) == {}
     assert kept_episode_returns({}, "bc", {0: 14.2}) == {}  # measured before cells recorded their returns
+
+
+def _run(column: str, seed: int, score: float, lr: float = 0.0003) -> dict:
+    """A quality table of one run: `column` on halfcheetah-random, one training seed."""
+    cell = {"overrides": {"iterations": 50}, "updates_scale": 1, "sampled": False, "train_seconds": None,
+            "hyper_parameters": {"lr": lr}}
+    return {"halfcheetah-random": {
+        "env_id": "HalfCheetah-v5", "reference": {"random": {"mean": -280.2}},
+        "scores": {"behaviour": [1.2], column: [score]}, "seeds": {column: [seed]},
+        **{key: {column: value} for key, value in cell.items()},
+        "episode_returns": {column: {str(seed): [score * 100]}},
+    }}
+
+
+def test_pool_joins_a_cells_seeds_measured_in_separate_runs():
+    pooled = pool({"a": _run("cql", 1, 10.0), "b": _run("cql", 0, 8.0), "c": _run("d3rlpy-cql", 0, 12.0)}, ["cql"])
+
+    entry = pooled["halfcheetah-random"]
+    assert entry["seeds"] == {"cql": [0, 1]} and entry["scores"] == {"behaviour": [1.2], "cql": [8.0, 10.0]}
+    assert entry["episode_returns"] == {"cql": {"1": [1000.0], "0": [800.0]}}
+    assert entry["overrides"] == {"cql": {"iterations": 50}}  # d3rlpy's cell, not asked for, is left out
+
+
+def test_pool_refuses_a_cell_of_other_settings_a_seed_twice_and_other_data():
+    with pytest.raises(UserError, match="b: halfcheetah-random's cql was measured with other hyper_parameters"):
+        pool({"a": _run("cql", 0, 8.0), "b": _run("cql", 1, 10.0, lr=0.001)})
+    with pytest.raises(UserError, match="b: halfcheetah-random's cql seed 0 is in an earlier run too"):
+        pool({"a": _run("cql", 0, 8.0), "b": _run("cql", 0, 8.5)})
+    recollected = _run("cql", 1, 10.0)
+    recollected["halfcheetah-random"]["scores"]["behaviour"] = [0.9]
+    with pytest.raises(UserError, match="b: halfcheetah-random was measured on other data or references"):
+        pool({"a": _run("cql", 0, 8.0), "b": recollected})
+
+
+def test_pool_with_update_keeps_outs_own_cells_and_writes_the_table(tmp_path, monkeypatch):
+    for name, table in {"out": _run("d3rlpy-cql", 0, 12.0), "seed0": _run("cql", 0, 8.0),
+                        "seed1": _run("cql", 1, 10.0)}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "quality.json").write_text(json.dumps(table))
+    monkeypatch.setattr(sys, "argv", ["quality_table.py", "--params", str(REPO / "params.yaml"), "--update", "--pool",
+                                      str(tmp_path / "seed0"), str(tmp_path / "seed1"), "--out", str(tmp_path / "out")])
+    main()
+
+    assert json.loads((tmp_path / "out" / "quality.json").read_text())["halfcheetah-random"]["seeds"] == {
+        "d3rlpy-cql": [0], "cql": [0, 1]}
+    row = "| HalfCheetah-v5 | halfcheetah-random | 1.2 | 9.0 ± 1.0 (iterations 50, 2 seeds) | 12.0 (iterations 50) |"
+    assert row in (tmp_path / "out" / "quality.md").read_text().splitlines()
+    assert (tmp_path / "out" / "quality.png").stat().st_size > 0
 
 
 @pytest.mark.slow  # 25 tiny iterations
