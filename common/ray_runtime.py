@@ -21,6 +21,8 @@ LIBRARY_NOTICES = (
      "the same announcement, made again by SAC's config, which CQL's extends"),
     ("ray.data._internal.progress", "Progress bars disabled", "orl prints its own progress lines"),
     ("ray.tune.utils.util", "Install gputil", "a GPU monitor for machines with GPUs"),
+    ("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray",
+     "a new local Ray's default, which we keep (Ray 2.60 sets RAY_AUTH_MODE=token for it and its workers)"),
 )
 
 # Loggers whose INFO lines narrate a healthy run, set to WARNING in every Ray process: (logger, why).
@@ -50,14 +52,6 @@ def quiet_library_notices() -> None:
 
 
 IDLE_WORKER_MS = 10_000  # how long a local Ray keeps an idle worker process for the next task
-
-
-def ask_for_token_auth() -> None:
-    """Asks for token authentication, Ray's default for a new local instance, explicitly: left unset, Ray warns
-    about it at every start. Must run before Ray is imported (Ray caches its config then); a cluster named by
-    RAY_ADDRESS keeps the mode its operator set."""
-    if not os.environ.get("RAY_ADDRESS"):
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def start_ray(num_cpus: int) -> None:

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from common.errors import UserError, user_error_behind
-from common.ray_runtime import ask_for_token_auth, quiet_library_notices, start_ray
+from common.ray_runtime import quiet_library_notices, start_ray
 from evaluation.config import ESTIMATORS, SELECT_BY
 from pipelines.params import Params, load_params
 from pipelines.warm import forward, warm_server
@@ -267,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     status = forward(sys.argv if argv is None else [sys.argv[0], *argv])  # to a warm `orl`, where one is named
     if status is not None:
         return status
-    ask_for_token_auth()
     quiet_library_notices()  # also those of checks before Ray starts (RLlib's, on loading a behaviour policy)
     top = parser()
     args, unknown = top.parse_known_args(argv)
