@@ -3,10 +3,11 @@
 Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README.md), so it
 imports nothing from this project but common/envs.py (gymnasium alone), to make the environment as every stage
 does from the spec the card records: the dataset is read with pyarrow alone, by the column names the dataset
-card lists.
+card lists. The JSON holds the evaluation's returns and d3rlpy's own metrics (its loss terms, CQL's learned weight
+`alpha`), the means of each epoch of `--epoch-updates` updates.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
-        --seed 0 --steps 2000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
+        --seed 0 --steps 2000 --epoch-updates 1000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
         --target-update-every 100 --cql-alpha 1.0 --eval-seeds '[1, 2, 3]'
 """
 
@@ -158,6 +159,8 @@ def main() -> None:
     parser.add_argument("--algo", choices=["bc", "cql", "iql"], required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True, help="gradient updates")
+    parser.add_argument("--epoch-updates", type=int, required=True,
+                        help="updates an epoch, of which d3rlpy reports its metrics' means (a divisor of --steps)")
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True, help="learning rate (the critics', for continuous CQL and IQL)")
     parser.add_argument("--actor-lr", type=float, default=1e-4)
@@ -175,6 +178,8 @@ def main() -> None:
                         help="JSON {field: value} of the d3rlpy config's own fields, over its defaults (e.g. "
                              "'{\"alpha_learning_rate\": 0}' holds CQL's conservative weight fixed)")
     args = parser.parse_args()
+    if args.steps % args.epoch_updates:
+        raise SystemExit(f"--epoch-updates {args.epoch_updates} does not divide --steps {args.steps}")
 
     card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
@@ -183,8 +188,10 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--config: {type(config).__name__} has no field {', '.join(sorted(unknown))}")
     algo = dataclasses.replace(config, **args.config).create(device="cpu:0")
-    algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.steps, show_progress=False, save_interval=10**9,
-             experiment_name=None, with_timestamp=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    # Epochs only group the updates for reporting: the batches and the updates are the same for any epoch length.
+    epochs = algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.epoch_updates, show_progress=False,
+                      save_interval=10**9, experiment_name=None, with_timestamp=False,
+                      logger_adapter=d3rlpy.logging.NoopAdapterFactory())
 
     env = make_env(card)
     returns = []
@@ -196,7 +203,7 @@ def main() -> None:
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
-    print(json.dumps({"returns": returns}))
+    print(json.dumps({"returns": returns, "metrics": [{"epoch": epoch, **metrics} for epoch, metrics in epochs]}))
 
 
 if __name__ == "__main__":

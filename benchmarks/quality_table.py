@@ -67,16 +67,15 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path,
                seconds: float | None = None) -> tuple[int, list[dict[str, float]]]:
     """Trains for params' iterations, or until the first iteration that ends past `seconds`; returns the gradient
-    updates made and the learner's metrics at each progress line: after the first iteration (it loads the data) and
-    every tenth of them (a cell can take an hour). The metrics show a learner's path (CQL's learned weight) where a
-    score alone cannot."""
+    updates made and the learner's metrics at each progress line, where `on_path` says (a cell can take an hour), and
+    at the last iteration. The metrics show a learner's path (CQL's learned weight) where a score alone cannot."""
     algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
-    started, every, path = time.monotonic(), max(1, params.iterations // 10), []
+    started, path = time.monotonic(), []
     try:
         for iteration in range(1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             elapsed = time.monotonic() - started
-            if iteration == 1 or iteration % every == 0:
+            if on_path(iteration, params.iterations):
                 path.append({"iteration": iteration, **metrics})
                 print(f"[train {algo} {dataset_dir.name} seed {seed}] iteration {iteration}/{params.iterations} "
                       f"({elapsed:.0f}s, {iteration * params.updates_per_iteration * params.batch_size / elapsed:,.0f}"
@@ -93,12 +92,23 @@ def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, c
         gc.collect()
 
 
+D3RLPY_PYTHON = ROOT / ".venv-d3rlpy" / "bin" / "python"  # `make .venv-d3rlpy/.installed`
+
+
+def on_path(iteration: int, iterations: int) -> bool:
+    """Whether a learner's metrics after `iteration` of `iterations` are kept: after the first (it loads the data),
+    every tenth of them and the last."""
+    return iteration in (1, iterations) or iteration % max(1, iterations // 10) == 0
+
+
 def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Path, seed: int,
-                 eval_seeds: list[int], config: dict) -> np.ndarray:
-    """`config`: d3rlpy config fields over its defaults (`--d3rlpy-set`)."""
+                 eval_seeds: list[int], config: dict) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """The returns of `eval_seeds`' episodes, and d3rlpy's own metrics (an epoch of d3rlpy's is one of our
+    iterations) where `on_path` keeps ours. `config`: d3rlpy config fields over its defaults (`--d3rlpy-set`)."""
     command = [python, str(ROOT / "benchmarks" / "d3rlpy_runner.py"), "--dataset", str(dataset_dir),
                "--algo", algo.removeprefix("d3rlpy-"), "--seed", str(seed),
                "--steps", str(params.iterations * params.updates_per_iteration),
+               "--epoch-updates", str(params.updates_per_iteration),
                "--batch-size", str(params.batch_size), "--lr", str(params.lr),
                "--hidden", *map(str, params.hidden_layers), "--conv-filters", json.dumps(params.conv_filters),
                "--eval-seeds", json.dumps(eval_seeds), "--config", json.dumps(config)]
@@ -115,7 +125,10 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
     if run.returncode:
         raise UserError(f"{algo} on {dataset_dir} failed: "
                         f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return np.array(json.loads(run.stdout.strip().splitlines()[-1])["returns"])
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    path = [{"iteration": epoch["epoch"], **{k: v for k, v in epoch.items() if k != "epoch"}}
+            for epoch in result["metrics"] if on_path(epoch["epoch"], params.iterations)]
+    return np.array(result["returns"]), path
 
 
 def field_value(text: str) -> tuple[str, object]:
@@ -191,7 +204,7 @@ def main() -> None:
     parser.add_argument("--datasets-dir", type=Path, default=SUITE / "datasets")
     parser.add_argument("--references", type=Path, default=SUITE / "references")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--d3rlpy-python", default=str(ROOT / ".venv-d3rlpy" / "bin" / "python"))
+    parser.add_argument("--d3rlpy-python", default=str(D3RLPY_PYTHON))
     parser.add_argument("--no-d3rlpy", action="store_true")
     parser.add_argument("--algos", nargs="+", help="the columns to measure, ours or d3rlpy's (e.g. bc cql d3rlpy-bc; "
                         "default: every learner for the action space)")
@@ -284,18 +297,18 @@ def main() -> None:
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
-                    returns = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed, eval_seeds,
-                                           d3rlpy_config)
+                    returns, path = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed,
+                                                 eval_seeds, d3rlpy_config)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
                         updates, path = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
                                                    args.train_seconds)
                         entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates
-                        entry.setdefault("learner_metrics", {}).setdefault(column, {})[str(seed)] = path
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
+                entry.setdefault("learner_metrics", {}).setdefault(column, {})[str(seed)] = path
                 score = scores[seed] = normalized_score(float(np.mean(returns)), reference)
                 entry["episode_returns"][column][str(seed)] = [round(float(value), 2) for value in returns]
                 record(entry, column, scores)

@@ -1,7 +1,7 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
 same hyper-parameters, and keeps the evaluation returns of those seeds alone; `--pool` joins the seeds of runs made
-apart, refusing what one cell cannot hold. Our learner's cell keeps the learner's metrics at each progress line."""
+apart, refusing what one cell cannot hold. A cell keeps its learner's metrics at each progress line, d3rlpy's too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ import sys
 
 import pytest
 
-from benchmarks.quality_table import kept_episode_returns, kept_scores, main, markdown, pool, train_ours
+from benchmarks.quality_table import (
+    D3RLPY_PYTHON,
+    kept_episode_returns,
+    kept_scores,
+    main,
+    markdown,
+    pool,
+    train_d3rlpy,
+    train_ours,
+)
 from common.errors import UserError
 from pipelines.params import load_params
 from tests.conftest import REPO
@@ -104,6 +113,18 @@ def test_our_learner_reports_its_metrics_at_each_progress_line_and_at_the_last_i
     updates, path = train_ours("bc", bc, expert_dataset, 0, tmp_path / "checkpoint")
 
     assert updates == 25
-    # A line every 2 iterations of 25, the first's (it loads the data) and the last's, which no line falls on.
+    # A line every 2 iterations of 25, the first's (it loads the data) and the last's.
     assert [point["iteration"] for point in path] == [1, *range(2, 25, 2), 25]
     assert all(isinstance(point["policy_loss"], float) for point in path), path  # BC's loss, at every line
+
+
+@pytest.mark.slow  # d3rlpy's virtualenv starts and trains 50 tiny updates
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_d3rlpy_reports_its_own_metrics_where_ours_are_kept(expert_dataset):
+    bc = dataclasses.replace(load_params(REPO / "params.yaml").algos.get("bc"), iterations=25, updates_per_iteration=2,
+                             hidden_layers=[16])
+    returns, path = train_d3rlpy(str(D3RLPY_PYTHON), "d3rlpy-bc", bc, expert_dataset, 0, [1, 2], {})
+
+    assert len(returns) == 2
+    assert [point["iteration"] for point in path] == [1, *range(2, 25, 2), 25]  # an epoch of 2 updates each
+    assert all(isinstance(point["loss"], float) for point in path), path  # d3rlpy's BC loss, by its own name
