@@ -7,9 +7,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow  # starts a Ray of its own: the quick tier stays within its 5 minutes
 def test_a_process_that_imported_ray_first_starts_it_with_token_auth_and_no_notice_of_it():
     # As a benchmark script does: Ray imported (its config cached) before start_ray runs.
     script = textwrap.dedent("""
