@@ -12,6 +12,9 @@ Its Q-network is the CQL paper's, one MLP of `hidden_layers` over the observatio
 
 RLlib 2.60's `lagrangian` flag is read by no learner of the new API stack; `OfflineCQLTorchLearner` learns the
 conservative weight itself where `CQLParams.lagrangian_threshold` is set.
+
+RLlib 2.60's penalty values the actions its policy samples at the next states at those next states;
+`OfflineCQLTorchRLModule` values them at the current states, as the CQL paper's code, CORL and d3rlpy do.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
 from ray.rllib.algorithms.cql.torch.default_cql_torch_rl_module import DefaultCQLTorchRLModule
 from ray.rllib.algorithms.sac.sac_learner import QF_PREDS, QF_TWIN_PREDS
+from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
-from training.algorithms.rllib_internals import mark_offline, temp_losses
+from training.algorithms.rllib_internals import mark_offline, q_network_outputs, temp_losses
 from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
 
 # The keys of `learner_config_dict` that turn the learned conservative weight on (registry.py sets them).
@@ -117,6 +121,25 @@ def conservative_gap(config, fwd_out: dict) -> torch.Tensor:
     return torch.stack(gaps).mean()
 
 
+class OfflineCQLTorchRLModule(DefaultCQLTorchRLModule):
+    """CQL's penalty pushes down Q(s, a) for actions sampled uniformly, from the policy at s and from the policy
+    at the next state s'. RLlib 2.60 values the last at s' (Q(s', a')), which penalizes the bootstrap targets
+    instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s."""
+
+    def _forward_train(self, batch: dict) -> dict:
+        fwd_out = super()._forward_train(batch)
+        actions = fwd_out["actions_next_repeat"]  # sampled with the policy's parameters frozen: no policy gradient
+        repeats = actions.shape[0] // batch[Columns.OBS].shape[0]
+        at_current_states = {Columns.OBS: torch.repeat_interleave(batch[Columns.OBS], repeats, dim=0),
+                             Columns.ACTIONS: actions}
+        critics = [("q_next_repeat", self.qf_encoder, self.qf)]
+        if self.twin_q:
+            critics.append(("q_twin_next_repeat", self.qf_twin_encoder, self.qf_twin))
+        for key, encoder, head in critics:
+            fwd_out[key] = q_network_outputs(self, at_current_states, encoder, head).view(-1, repeats, 1)
+        return fwd_out
+
+
 class OfflineCQLConfig(CQLConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or OfflineCQL)
@@ -126,7 +149,7 @@ class OfflineCQLConfig(CQLConfig):
         return OfflineCQLTorchLearner
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=DefaultCQLTorchRLModule, catalog_class=ConcatQCatalog)
+        return RLModuleSpec(module_class=OfflineCQLTorchRLModule, catalog_class=ConcatQCatalog)
 
 
 class OfflineCQL(WithoutEnvRunners, CQL):

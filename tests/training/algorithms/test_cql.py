@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
 
 import dataset_format as dataset
 from common.errors import UserError
@@ -48,6 +49,27 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
     obs = dataset.load_arrays(pendulum_dataset)[Col.OBS][:64]
     actions, _ = policy.act(obs, [np.random.default_rng(i) for i in range(64)], envs=None)
     assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)
+
+
+def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states(pendulum_dataset):
+    # As the CQL paper's code, CORL and d3rlpy do; RLlib 2.60 values them at the next states.
+    with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
+        sample = algorithm.offline_data.sample(num_samples=16, num_shards=0)["default_policy"]
+        batch = {key: torch.as_tensor(sample[key], dtype=torch.float32)
+                 for key in (Columns.OBS, Columns.ACTIONS, Columns.NEXT_OBS, Columns.REWARDS)}
+        with torch.no_grad():
+            fwd_out = module.forward_train(batch)
+            actions = fwd_out["actions_next_repeat"]
+            repeats = actions.shape[0] // 16
+
+            def q(observations):
+                return module.compute_q_values({Columns.OBS: observations.repeat_interleave(repeats, dim=0),
+                                                Columns.ACTIONS: actions}).view(16, repeats, 1)
+
+            penalized = torch.min(fwd_out["q_next_repeat"], fwd_out["q_twin_next_repeat"])
+            assert torch.allclose(penalized, q(batch[Columns.OBS]))
+            assert not torch.allclose(penalized, q(batch[Columns.NEXT_OBS]))
 
 
 @pytest.mark.parametrize("threshold", [1e3, -1e3])
