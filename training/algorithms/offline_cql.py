@@ -127,8 +127,6 @@ class OfflineCQLTorchRLModule(DefaultCQLTorchRLModule):
     instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s."""
 
     def _forward_train(self, batch: dict) -> dict:
-        # RLlib's values at s' are computed and dropped (one forward pass of each critic, no backward): the
-        # price of not copying its whole training pass to change one argument.
         fwd_out = super()._forward_train(batch)
         actions = fwd_out["actions_next_repeat"]  # sampled with the policy's parameters frozen: no policy gradient
         repeats = actions.shape[0] // batch[Columns.OBS].shape[0]
