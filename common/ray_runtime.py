@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import sys
 
 from common.companion import start_companion
 from common.errors import UserError
@@ -51,6 +53,14 @@ def quiet_library_notices() -> None:
         logging.getLogger(logger).setLevel(logging.WARNING)
 
 
+def exit_on_sigterm() -> None:
+    """Makes `kill` (SIGTERM) unwind this process like Ctrl-C, with exit status 143: an MLflow run in progress is
+    marked failed, not left running. `start_ray` installs it again after `ray.init`, whose own handlers replace
+    it: a Python one that exits with status 15, and a C one (Ray 2.60's failure handler, logging.cc) that prints
+    a stack dump at error level and lets the process abort while it unwinds, at times before MLflow ends the run."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 IDLE_WORKER_MS = 10_000  # how long a local Ray keeps an idle worker process for the next task
 
 
@@ -81,6 +91,7 @@ def start_ray(num_cpus: int) -> None:
         # worker, 15 % of a 2-core Pong collection's time (benchmarks/README.md, "Frames stored once").
         os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_MS))
         ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
+    exit_on_sigterm()  # Python's signal.signal replaces the C handler too
     # After ray.init, so Ray's own processes keep the real stderr; a killed `orl` leaves none of its local Ray's.
     start_companion(reap_local_ray=not on_cluster)
     DataContext.get_current().enable_progress_bars = False  # `orl` prints its own progress lines

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import subprocess
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from common.errors import UserError, user_error_behind
-from common.ray_runtime import quiet_library_notices, start_ray
+from common.ray_runtime import exit_on_sigterm, quiet_library_notices, start_ray
 from evaluation.config import ESTIMATORS, SELECT_BY
 from pipelines.params import Params, load_params
 from pipelines.warm import forward, warm_server
@@ -275,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     elif unknown:
         top.error(f"unrecognized arguments: {' '.join(unknown)}")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # `kill` (SIGTERM) unwinds like Ctrl-C, so an MLflow run in progress is marked failed, not left running.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_sigterm()
     try:
         # Commands that only read or write a dataset work anywhere, without params.yaml.
         args.handler(args, load_params(args.params) if getattr(args, "reads_params", True) else None)
