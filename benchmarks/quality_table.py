@@ -287,8 +287,8 @@ def main() -> None:
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             d3rlpy_config = dict(args.d3rlpy_set) if column.startswith("d3rlpy") else {}
             overrides = {**overrides, **d3rlpy_config}
-            settings = {"overrides": overrides, "updates_scale": args.updates_scale, "sampled": args.sample_actions,
-                        "train_seconds": args.train_seconds, "hyper_parameters": algo_params.hyper_parameters()}
+            settings = dataclasses.asdict(CellSettings(overrides, args.updates_scale, args.sample_actions,
+                                                       args.train_seconds, algo_params.hyper_parameters()))
             scores = kept_scores(entry, column, settings)
             entry.setdefault("episode_returns", {})[column] = kept_episode_returns(entry, column, scores)
             for key, value in settings.items():
@@ -345,7 +345,25 @@ def record(entry: dict, column: str, scores: dict[int, float]) -> None:
         entry.get("seeds", {}).pop(column, None)
 
 
-CELL_SETTINGS = ("overrides", "updates_scale", "sampled", "train_seconds", "hyper_parameters")  # main's `settings`
+@dataclasses.dataclass(frozen=True)
+class CellSettings:
+    """What a cell's seeds were measured with, kept in `quality.json` under each field's name, by column: seeds join
+    one cell only where all of these are equal."""
+
+    overrides: dict
+    """The values set for this cell on top of params.yaml's: its per-dataset ones, --set, and d3rlpy's --d3rlpy-set."""
+    updates_scale: int
+    """--updates-scale: the iterations multiplied."""
+    sampled: bool
+    """--sample-actions: evaluated sampling the policy's actions, not greedily."""
+    train_seconds: float | None
+    """--train-seconds: each seed's training budget in seconds, where one was set."""
+    hyper_parameters: dict
+    """The learner's hyper-parameters as trained, params.yaml's included: a cell measured before a change to
+    params.yaml is not pooled with one measured after it."""
+
+
+CELL_SETTINGS = [field.name for field in dataclasses.fields(CellSettings)]
 PER_SEED = ("episode_returns", "updates_made", "learner_metrics")  # a cell's records, by training seed
 
 
