@@ -13,6 +13,9 @@ Its Q-network is the CQL paper's, one MLP of `hidden_layers` over the observatio
 RLlib 2.60's `lagrangian` flag is read by no learner of the new API stack; `OfflineCQLTorchLearner` learns the
 conservative weight itself where `CQLParams.lagrangian_threshold` is set.
 
+RLlib 2.60's SAC learner leaves its learned entropy temperature out of its state, so a resumed run started it again
+at `initial_alpha`; `OfflineCQLTorchLearner` checkpoints it with the conservative weight.
+
 RLlib 2.60's penalty values the actions its policy samples at the next states at those next states;
 `OfflineCQLTorchRLModule` values them at the current states, as the CQL paper's code, CORL and d3rlpy do.
 """
@@ -40,6 +43,8 @@ LAGRANGIAN_LR = "lagrangian_lr"
 CONSERVATIVE_WEIGHT = "conservative_weight"
 LOG_CONSERVATIVE_WEIGHTS = "log_conservative_weights"
 CONSERVATIVE_GAP = "conservative_gap"
+# The key in the learner's state of SAC's learned entropy temperature (its log, `curr_log_alpha`), by module.
+LOG_ENTROPY_TEMPERATURES = "log_entropy_temperatures"
 
 
 class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner):
@@ -68,13 +73,16 @@ class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner
 
     def get_state(self, *args, **kwargs):
         return {**super().get_state(*args, **kwargs),
-                LOG_CONSERVATIVE_WEIGHTS: {key: weight.item() for key, weight in self.log_conservative_weights.items()}}
+                LOG_CONSERVATIVE_WEIGHTS: {key: weight.item() for key, weight in self.log_conservative_weights.items()},
+                LOG_ENTROPY_TEMPERATURES: {key: alpha.item() for key, alpha in self.curr_log_alpha.items()}}
 
     def set_state(self, state) -> None:
         super().set_state(state)
-        with torch.no_grad():  # a resumed run goes on from the multiplier it had reached
+        with torch.no_grad():  # a resumed run goes on from the multiplier and the temperature it had reached
             for module_id, value in state.get(LOG_CONSERVATIVE_WEIGHTS, {}).items():
                 self.log_conservative_weights[module_id].fill_(value)
+            for module_id, value in state.get(LOG_ENTROPY_TEMPERATURES, {}).items():
+                self.curr_log_alpha[module_id].fill_(value)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         log_weight = self.log_conservative_weights.get(module_id)

@@ -17,7 +17,12 @@ from common.errors import UserError
 from common.trained_policy import ModulePolicy, load_rl_module
 from dataset_format import Col
 from tests.conftest import built_algorithm
-from training.algorithms.offline_cql import CONSERVATIVE_GAP, CONSERVATIVE_WEIGHT, LOG_CONSERVATIVE_WEIGHTS
+from training.algorithms.offline_cql import (
+    CONSERVATIVE_GAP,
+    CONSERVATIVE_WEIGHT,
+    LOG_CONSERVATIVE_WEIGHTS,
+    LOG_ENTROPY_TEMPERATURES,
+)
 from training.algorithms.registry import rllib_config
 from training.algorithms.rllib_internals import local_learner
 from training.config import CQLParams, DQNParams
@@ -82,13 +87,22 @@ def test_the_conservative_weight_shrinks_below_the_threshold_and_grows_above(pen
         assert abs(stats[CONSERVATIVE_GAP]) < 100
         weight = stats[CONSERVATIVE_WEIGHT]
         assert weight < 1 if threshold > 0 else weight > 1  # it starts at 1 and moves at each update
+
+
+def test_a_resumed_run_goes_on_from_the_learned_weight_and_temperature(pendulum_dataset, tmp_path):
+    # As `orl train` resumes: the learner group saved, then restored into a newly built algorithm.
+    params = CQLParams(**BUDGET, lagrangian_threshold=1e3, lagrangian_lr=0.01)
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
+        algorithm.train()
+        learned = {key: local_learner(algorithm).get_state()[key][DEFAULT_MODULE_ID]
+                   for key in (LOG_CONSERVATIVE_WEIGHTS, LOG_ENTROPY_TEMPERATURES)}
+        algorithm.learner_group.save_to_path(tmp_path / "learner_group")
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
         learner = local_learner(algorithm)
-        state = learner.get_state()
-        log_weight = state[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID]
-        learner.set_state({**state, LOG_CONSERVATIVE_WEIGHTS: {DEFAULT_MODULE_ID: 0.0}})
-        assert learner.get_state()[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID] == 0.0
-        learner.set_state(state)  # as a resumed run restores it
-        assert learner.get_state()[LOG_CONSERVATIVE_WEIGHTS][DEFAULT_MODULE_ID] == log_weight != 0.0
+        started = {key: learner.get_state()[key][DEFAULT_MODULE_ID] for key in learned}
+        assert all(started[key] != learned[key] for key in learned)  # both moved during the first run's updates
+        algorithm.learner_group.restore_from_path(tmp_path / "learner_group")
+        assert {key: learner.get_state()[key][DEFAULT_MODULE_ID] for key in learned} == learned
 
 
 def test_algorithms_refuse_the_wrong_action_space(pendulum_dataset, expert_dataset):
