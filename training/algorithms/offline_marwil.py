@@ -11,7 +11,8 @@ deterministic tanh(mu) fitted by squared error (`BCParams.action_distribution`).
 MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
 c^2 at 100 whatever the rewards' scale; on LunarLander's returns-to-go the first batches' weights went to a
 handful of rows until c^2 caught up (benchmarks/README.md, "MARWIL's advantage normalizer"). Here c^2 starts
-at the first batch's mean squared advantage.
+at the first batch's mean squared advantage, and is checkpointed (RLlib 2.60 leaves it out of the learner's state, so
+a resumed run started it again).
 """
 
 from __future__ import annotations
@@ -33,7 +34,20 @@ from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import squared_advantage_norms
 
 
+# The key in the learner's state of c^2, by module.
+SQUARED_ADVANTAGE_NORMS = "squared_advantage_norms"
+
+
 class OfflineMARWILTorchLearner(LeanTorchLearner, MARWILTorchLearner):
+    def get_state(self, *args, **kwargs):
+        return {**super().get_state(*args, **kwargs),
+                SQUARED_ADVANTAGE_NORMS: {key: norm.item() for key, norm in squared_advantage_norms(self).items()}}
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        for module_id, value in state.get(SQUARED_ADVANTAGE_NORMS, {}).items():
+            squared_advantage_norms(self)[module_id] = torch.tensor(value, device=self.device)
+
     def compute_loss_for_module(self, *, module_id, config=None, batch, fwd_out):
         # Bootstrapped with the current value function where a run of an episode's steps does not end it.
         with torch.no_grad():

@@ -44,6 +44,19 @@ def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dat
         assert not torch.isclose(norm, torch.tensor(algorithm.config.moving_average_sqd_adv_norm_start), rtol=0.5)
 
 
+def test_a_resumed_run_goes_on_from_the_squared_advantage_norm(mixture_dataset, ray_local, tmp_path):
+    # As `orl train` resumes: the learner group saved, then restored into a newly built algorithm.
+    params = dataclasses.replace(load_params("params.yaml").algos.marwil, iterations=1, updates_per_iteration=3)
+    with built_algorithm("marwil", params, mixture_dataset) as algorithm:
+        algorithm.train()
+        learned = float(local_learner(algorithm).moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID])
+        algorithm.learner_group.save_to_path(tmp_path / "learner_group")
+    with built_algorithm("marwil", params, mixture_dataset) as algorithm:
+        algorithm.learner_group.restore_from_path(tmp_path / "learner_group")
+        norm = local_learner(algorithm).moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID]
+        assert float(norm) == pytest.approx(learned, rel=1e-6)
+
+
 @pytest.mark.parametrize("data", ["mixture_dataset", "pendulum_dataset"])  # discrete and continuous actions
 def test_bc_loss_equals_rllibs_marwil_loss_at_beta_zero(data, request):
     from ray.rllib.algorithms.marwil.torch.marwil_torch_learner import MARWILTorchLearner
