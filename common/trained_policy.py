@@ -20,7 +20,6 @@ from common.observations import ModelInput
 MODULE_SUBDIR = Path("learner_group", "learner", "rl_module", "default_policy")
 
 
-
 class ModulePolicy:
     """A trained RLlib RLModule: samples from its action distribution, or takes its mode when greedy. With a
     `temperature` (Discrete actions) it samples from softmax(logits / temperature) instead: a stochastic version of a

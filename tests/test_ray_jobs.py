@@ -123,7 +123,6 @@ def test_the_dashboard_lists_the_jobs_collectors_by_dataset_on_both_nodes(cluste
     assert {a["node_id"] for a in collectors} == {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
 
 
-
 def test_the_dashboard_in_a_browser_shows_the_collectors_on_each_node_to_whoever_logs_in(cluster, project, tmp_path):
     """Ray's dashboard rendered by headless Chromium, as a person opens it: without the token its API refuses; after
     the login the dashboard's token dialog makes (POST /api/authenticate, which sets its cookie), the actors view,

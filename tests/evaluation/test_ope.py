@@ -181,7 +181,6 @@ def test_ope_refuses_estimators_the_data_cannot_support_in_one_line(project, tmp
         ope(bc, str(tmp_path / "no-logp"), references, OPEConfig(held_out_fraction=0.9), evaluate, ["fqe"])
 
 
-
 def test_importance_weights_that_leave_too_few_effective_episodes_give_unreliable_not_a_number(project, estimated,
                                                                                                monkeypatch):
     monkeypatch.chdir(project)  # its MLflow store
@@ -196,6 +195,7 @@ def test_importance_weights_that_leave_too_few_effective_episodes_give_unreliabl
     assert "value" in output["estimates"]["dr"]  # doubly robust falls back on FQE's values
     run_id = json.loads((project / "runs" / "bc" / "run.json").read_text())["mlflow_run_id"]
     assert math.isnan(tracking(project).get_run(run_id).data.metrics["ope/wpdis"])
+
 
 def test_a_softmax_version_of_the_policy_is_estimated_where_asked_and_orl_select_passes_it_over(project, estimated):
     """`orl ope --temperature`: a stochastic DQN (softmax over its Q-values) gives importance sampling weights on
