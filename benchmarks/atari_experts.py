@@ -14,8 +14,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
-
 import examples.controllers
 from common.errors import exit_on_user_error
 from collectors.config import PolicyConfig

@@ -154,6 +154,6 @@ def test_validation_names_frames_of_another_size(tmp_path):
     table = pq.read_table(file)
     smaller = dataset.FrameColumn.of_images(dataset.column_to_numpy(table[Col.NEW_OBS])[:, :-4], 4).to_arrow()
     pq.write_table(table.set_column(table.schema.get_field_index(Col.NEW_OBS), Col.NEW_OBS, smaller), file)
-    with pytest.raises(UserError, match=rf"column 'new_obs' at row 0 holds images of 476 bytes where the card's "
-                                        rf"\(4, 12, 10\) take 480"):
+    with pytest.raises(UserError, match=r"column 'new_obs' at row 0 holds images of 476 bytes where the card's "
+                                        r"\(4, 12, 10\) take 480"):
         dataset.validate(path)
