@@ -21,7 +21,7 @@ from pipelines.params import load_params
 from tests.conftest import built_algorithm, train_columns
 from training.algorithms.batch_columns import ACTIONS, OBS, VALUE_TARGETS
 from training.algorithms.registry import SQUASHED_ACTION_MARGIN
-from training.algorithms.rllib_internals import local_learner
+from training.algorithms.rllib_internals import local_learner, squared_advantage_norms
 from training.config import DETERMINISTIC, GAUSSIAN, SQUASHED_GAUSSIAN
 
 ROWS = 256
@@ -39,7 +39,7 @@ def test_first_update_sets_the_squared_advantage_norm_from_its_batch(mixture_dat
                        timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
 
         # One update moves the running mean towards its own batch's value, which it started at.
-        norm = learner.moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID]
+        norm = squared_advantage_norms(learner)[DEFAULT_MODULE_ID]
         torch.testing.assert_close(norm, expected)
         assert not torch.isclose(norm, torch.tensor(algorithm.config.moving_average_sqd_adv_norm_start), rtol=0.5)
 
@@ -49,11 +49,11 @@ def test_a_resumed_run_goes_on_from_the_squared_advantage_norm(mixture_dataset, 
     params = dataclasses.replace(load_params("params.yaml").algos.marwil, iterations=1, updates_per_iteration=3)
     with built_algorithm("marwil", params, mixture_dataset) as algorithm:
         algorithm.train()
-        learned = float(local_learner(algorithm).moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID])
+        learned = float(squared_advantage_norms(local_learner(algorithm))[DEFAULT_MODULE_ID])
         algorithm.learner_group.save_to_path(tmp_path / "learner_group")
     with built_algorithm("marwil", params, mixture_dataset) as algorithm:
         algorithm.learner_group.restore_from_path(tmp_path / "learner_group")
-        norm = local_learner(algorithm).moving_avg_sqd_adv_norms_per_module[DEFAULT_MODULE_ID]
+        norm = squared_advantage_norms(local_learner(algorithm))[DEFAULT_MODULE_ID]
         assert float(norm) == pytest.approx(learned, rel=1e-6)
 
 
