@@ -20,6 +20,8 @@ GAUSSIAN, SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN = "gaussian", "squashed_gauss
 DETERMINISTIC = "deterministic"
 ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN, DETERMINISTIC)
 IQL_ACTION_DISTRIBUTIONS = (SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN)
+SAMPLED, MEAN = "sampled", "mean"
+CQL_TARGET_ACTIONS = (SAMPLED, MEAN)
 
 
 def _require_discount(gamma: float) -> None:
@@ -238,10 +240,15 @@ class CQLParams(LearnerParams):
     threshold, and shrinks while it is below, so Q-values are held about this far from out-of-data actions'."""
     lagrangian_lr: float = 1e-4
     """Learning rate of the multiplier's log (d3rlpy's `alpha_learning_rate`)."""
+    target_action: str = SAMPLED
+    """The next state's action at which the target critics are evaluated, with no entropy term either way:
+    `sampled` from the policy (RLlib's, the CQL paper's code and CORL's), or the policy's `mean` (d3rlpy's default,
+    its `soft_q_backup=False`)."""
 
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "actor_lr", "tau", "num_actions", "lagrangian_lr")
+        require_one_of(self, "target_action", CQL_TARGET_ACTIONS)
         _require_discount(self.gamma)
         if self.min_q_weight < 0:
             raise ValueError(f"min_q_weight must be >= 0, got {self.min_q_weight}")

@@ -101,6 +101,8 @@ def test_the_suite_trains_behaviour_policies_online():
     (lambda p: p["algos"]["marwil"].update(beta=3), r"algos.marwil: beta must be in \[0, 1\], got 3"),
     (lambda p: p["algos"]["bc"].update(action_distribution="tanh"),
      r"algos.bc: action_distribution 'tanh' is unknown; use one of gaussian, squashed_gaussian, deterministic"),
+    (lambda p: p["algos"]["cql"].update(target_action="max"),
+     r"algos.cql: target_action 'max' is unknown; use one of sampled, mean"),
     (lambda p: p["train"]["runs"].update(x={"algo": "ppo", "dataset": "cartpole-expert"}),
      r"train.runs.x: unknown algorithm 'ppo': use one of bc, marwil"),
     (lambda p: p["train"]["runs"].update(x={"algo": "bc", "dataset": "nope"}),

@@ -17,7 +17,8 @@ RLlib 2.60's SAC learner leaves its learned entropy temperature out of its state
 at `initial_alpha`; `OfflineCQLTorchLearner` checkpoints it with the conservative weight.
 
 RLlib 2.60's penalty values the actions its policy samples at the next states at those next states;
-`OfflineCQLTorchRLModule` values them at the current states, as the CQL paper's code, CORL and d3rlpy do.
+`OfflineCQLTorchRLModule` values them at the current states, as the CQL paper's code, CORL and d3rlpy do. With
+`CQLParams.target_action` `mean` it evaluates the target critics at the policy's mean next action, as d3rlpy does.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ import torch
 from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
 from ray.rllib.algorithms.cql.torch.default_cql_torch_rl_module import DefaultCQLTorchRLModule
-from ray.rllib.algorithms.sac.sac_learner import QF_PREDS, QF_TWIN_PREDS
+from ray.rllib.algorithms.sac.sac_learner import ACTION_DIST_INPUTS_NEXT, QF_PREDS, QF_TWIN_PREDS
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import mark_offline, q_network_outputs, temp_losses
 from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
+from training.config import MEAN, SAMPLED
 
 # The keys of `learner_config_dict` that turn the learned conservative weight on (registry.py sets them).
 LAGRANGIAN_THRESHOLD = "lagrangian_threshold"
@@ -45,6 +47,8 @@ LOG_CONSERVATIVE_WEIGHTS = "log_conservative_weights"
 CONSERVATIVE_GAP = "conservative_gap"
 # The key in the learner's state of SAC's learned entropy temperature (its log, `curr_log_alpha`), by module.
 LOG_ENTROPY_TEMPERATURES = "log_entropy_temperatures"
+# The module's `model_config` key of `CQLParams.target_action`.
+TARGET_ACTION = "target_action"
 
 
 class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner):
@@ -132,7 +136,10 @@ def conservative_gap(config, fwd_out: dict) -> torch.Tensor:
 class OfflineCQLTorchRLModule(DefaultCQLTorchRLModule):
     """CQL's penalty pushes down Q(s, a) for actions sampled uniformly, from the policy at s and from the policy
     at the next state s'. RLlib 2.60 values the last at s' (Q(s', a')), which penalizes the bootstrap targets
-    instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s."""
+    instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s.
+
+    SAC's module evaluates the target critics at an action sampled at s'; with `target_action` `mean`, at the
+    policy's mean action there, tanh of the Gaussian's mean, as d3rlpy's CQL does."""
 
     def _forward_train(self, batch: dict) -> dict:
         fwd_out = super()._forward_train(batch)
@@ -145,6 +152,11 @@ class OfflineCQLTorchRLModule(DefaultCQLTorchRLModule):
             critics.append(("q_twin_next_repeat", self.qf_twin_encoder, self.qf_twin))
         for key, encoder, head in critics:
             fwd_out[key] = q_network_outputs(self, at_current_states, encoder, head).view(-1, repeats, 1)
+        if self.model_config[TARGET_ACTION] == MEAN:
+            with torch.no_grad():
+                mean_actions = torch.tanh(fwd_out[ACTION_DIST_INPUTS_NEXT].chunk(2, dim=-1)[0])
+                fwd_out["q_target_next"] = self.forward_target({Columns.OBS: batch[Columns.NEXT_OBS],
+                                                                Columns.ACTIONS: mean_actions})
         return fwd_out
 
 
@@ -152,6 +164,17 @@ class OfflineCQLConfig(CQLConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or OfflineCQL)
         mark_offline(self)
+        self.target_action = SAMPLED
+
+    def training(self, *, target_action: str | None = None, **kwargs) -> OfflineCQLConfig:
+        super().training(**kwargs)
+        if target_action is not None:
+            self.target_action = target_action
+        return self
+
+    @property
+    def _model_config_auto_includes(self):
+        return super()._model_config_auto_includes | {TARGET_ACTION: self.target_action}
 
     def get_default_learner_class(self):
         return OfflineCQLTorchLearner

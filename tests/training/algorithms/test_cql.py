@@ -1,6 +1,7 @@
 """CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
 actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds; with a Lagrangian
-threshold it learns its conservative weight, which a resumed run restores."""
+threshold it learns its conservative weight, which a resumed run restores; its target critics value the next state at
+a sampled action or at the policy's mean."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from ray.rllib.algorithms.sac.sac_learner import ACTION_DIST_INPUTS_NEXT
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
@@ -25,7 +27,7 @@ from training.algorithms.offline_cql import (
 )
 from training.algorithms.registry import rllib_config
 from training.algorithms.rllib_internals import local_learner
-from training.config import CQLParams, DQNParams
+from training.config import MEAN, SAMPLED, CQLParams, DQNParams
 
 BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
 
@@ -75,6 +77,20 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states
             penalized = torch.min(fwd_out["q_next_repeat"], fwd_out["q_twin_next_repeat"])
             assert torch.allclose(penalized, q(batch[Columns.OBS]))
             assert not torch.allclose(penalized, q(batch[Columns.NEXT_OBS]))
+
+
+@pytest.mark.parametrize("target_action", [SAMPLED, MEAN])
+def test_the_target_critics_value_the_next_state_at_the_chosen_action(pendulum_dataset, target_action):
+    with built_algorithm("cql", CQLParams(**BUDGET, target_action=target_action), pendulum_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
+        sample = algorithm.offline_data.sample(num_samples=16, num_shards=0)["default_policy"]
+        batch = {key: torch.as_tensor(sample[key], dtype=torch.float32)
+                 for key in (Columns.OBS, Columns.ACTIONS, Columns.NEXT_OBS, Columns.REWARDS)}
+        with torch.no_grad():
+            fwd_out = module.forward_train(batch)
+            mean, _ = fwd_out[ACTION_DIST_INPUTS_NEXT].chunk(2, dim=-1)
+            at_mean = module.forward_target({Columns.OBS: batch[Columns.NEXT_OBS], Columns.ACTIONS: torch.tanh(mean)})
+        assert torch.allclose(fwd_out["q_target_next"], at_mean) == (target_action == MEAN)
 
 
 @pytest.mark.parametrize("threshold", [1e3, -1e3])
