@@ -95,7 +95,8 @@ class Episodes:
 class FitReport:
     """How FQE's fit went, in squared units of the rewards. A fit whose final TD loss is above the variance of the
     logged returns-to-go predicts one step worse than a constant would predict the return: it did not converge, and
-    its values are no estimate."""
+    its values are no estimate. Where every logged return-to-go is the same (no reward at all), the value bounds hold
+    every Q-value at it: the fit is exact whatever its loss."""
 
     td_loss_start: float
     """Mean TD loss over the first tenth of the iterations."""
@@ -106,7 +107,7 @@ class FitReport:
 
     @property
     def converged(self) -> bool:
-        return bool(np.isfinite(self.td_loss) and self.td_loss <= self.td_loss_limit)
+        return bool(np.isfinite(self.td_loss) and (self.td_loss <= self.td_loss_limit or self.td_loss_limit == 0))
 
 
 class QFunction:

@@ -270,6 +270,16 @@ def test_fqe_reports_its_td_loss_falling_and_the_returns_the_data_allows():
     assert low <= returns.min() and high >= returns.max() and high <= HORIZON
 
 
+def test_fqe_on_data_without_reward_values_every_policy_at_zero_and_converges():
+    # All-zero rewards leave the returns-to-go no variance to hold the TD loss under; the bounds hold Q at 0.
+    a = dict(logged_episodes(100).arrays)
+    a[Col.REWARDS] = np.zeros_like(a[Col.REWARDS])
+    episodes = Episodes.of(a)
+    q = fit_fqe(episodes, policy(0.5, len(a[Col.T])), 2, HORIZON, CONFIG, lambda *_: None, VECTORS)
+    assert q.fit.converged and q.fit.td_loss_limit == 0
+    assert not q.values(a[Col.OBS], a[Col.T], policy(0.5, len(a[Col.T]))).any()
+
+
 def test_returns_to_go_sum_each_episodes_rewards_from_each_step():
     episodes = Episodes.of({Col.EPS_ID: np.array([7, 7, 7, 2]), Col.REWARDS: np.array([1.0, 2.0, 4.0, 5.0])})
     assert episodes.returns_to_go(1.0).tolist() == [7.0, 6.0, 4.0, 5.0]
