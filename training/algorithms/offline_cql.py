@@ -28,9 +28,10 @@ import math
 import torch
 from ray.rllib.algorithms.cql import CQL, CQLConfig
 from ray.rllib.algorithms.cql.torch.cql_torch_learner import CQLTorchLearner
-from ray.rllib.algorithms.cql.torch.default_cql_torch_rl_module import DefaultCQLTorchRLModule
 from ray.rllib.algorithms.sac.sac_learner import ACTION_DIST_INPUTS_NEXT, QF_PREDS, QF_TWIN_PREDS
+from ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module import DefaultSACTorchRLModule
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
@@ -133,31 +134,47 @@ def conservative_gap(config, fwd_out: dict) -> torch.Tensor:
     return torch.stack(gaps).mean()
 
 
-class OfflineCQLTorchRLModule(DefaultCQLTorchRLModule):
-    """CQL's penalty pushes down Q(s, a) for actions sampled uniformly, from the policy at s and from the policy
-    at the next state s'. RLlib 2.60 values the last at s' (Q(s', a')), which penalizes the bootstrap targets
-    instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s.
+class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
+    """SAC's module, plus the Q-values that CQL's penalty pushes down, under the keys RLlib 2.60's CQL learner reads:
+    at each state s, of `num_actions` actions sampled uniformly, from the policy at s and from the policy at the next
+    state s'. RLlib's own CQL module values the last at s' (Q(s', a')), which penalizes the bootstrap targets instead
+    of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s.
 
-    SAC's module evaluates the target critics at an action sampled at s'; with `target_action` `mean`, at the
+    SAC's outputs evaluate the target critics at an action sampled at s'; with `target_action` `mean`, at the
     policy's mean action there, tanh of the Gaussian's mean, as d3rlpy's CQL does."""
 
     def _forward_train(self, batch: dict) -> dict:
         fwd_out = super()._forward_train(batch)
-        actions = fwd_out["actions_next_repeat"]  # sampled with the policy's parameters frozen: no policy gradient
-        repeats = actions.shape[0] // batch[Columns.OBS].shape[0]
-        at_current_states = {Columns.OBS: torch.repeat_interleave(batch[Columns.OBS], repeats, dim=0),
-                             Columns.ACTIONS: actions}
-        critics = [("q_next_repeat", self.qf_encoder, self.qf)]
+        obs, repeats = batch[Columns.OBS], self.model_config["num_actions"]
+        low, high = (torch.as_tensor(bound, device=obs.device) for bound in (self.action_space.low,
+                                                                             self.action_space.high))
+        uniform = low + (high - low) * torch.rand((obs.shape[0] * repeats, low.shape[0]), device=obs.device)
+        sampled = {"rand": (uniform, None), "curr": self._sample_repeated(obs, repeats),
+                   "next": self._sample_repeated(batch[Columns.NEXT_OBS], repeats)}
+        at_current_states = torch.repeat_interleave(obs, repeats, dim=0)
+        critics = [("q", self.qf_encoder, self.qf)]
         if self.twin_q:
-            critics.append(("q_twin_next_repeat", self.qf_twin_encoder, self.qf_twin))
-        for key, encoder, head in critics:
-            fwd_out[key] = q_network_outputs(self, at_current_states, encoder, head).view(-1, repeats, 1)
+            critics.append(("q_twin", self.qf_twin_encoder, self.qf_twin))
+        for name, (actions, logps) in sampled.items():
+            fwd_out[f"actions_{name}_repeat"] = actions
+            if logps is not None:
+                fwd_out[f"logps_{name}_repeat"] = logps.view(-1, repeats, 1)
+            for prefix, encoder, head in critics:
+                values = q_network_outputs(self, {Columns.OBS: at_current_states, Columns.ACTIONS: actions}, encoder,
+                                           head)
+                fwd_out[f"{prefix}_{name}_repeat"] = values.view(-1, repeats, 1)
         if self.model_config[TARGET_ACTION] == MEAN:
             with torch.no_grad():
                 mean_actions = torch.tanh(fwd_out[ACTION_DIST_INPUTS_NEXT].chunk(2, dim=-1)[0])
                 fwd_out["q_target_next"] = self.forward_target({Columns.OBS: batch[Columns.NEXT_OBS],
                                                                 Columns.ACTIONS: mean_actions})
         return fwd_out
+
+    @torch.no_grad()  # the penalty trains the critics, not the policy
+    def _sample_repeated(self, obs: torch.Tensor, repeats: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`repeats` actions sampled from the policy at each state, and their log-densities, state by state."""
+        logits = self.pi(self.pi_encoder({Columns.OBS: torch.repeat_interleave(obs, repeats, dim=0)})[ENCODER_OUT])
+        return self.get_train_action_dist_cls().from_logits(logits).rsample_and_logp()
 
 
 class OfflineCQLConfig(CQLConfig):
