@@ -62,9 +62,7 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states
     # As the CQL paper's code, CORL and d3rlpy do; RLlib 2.60 values them at the next states.
     with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
         module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
-        sample = algorithm.offline_data.sample(num_samples=16, num_shards=0)["default_policy"]
-        batch = {key: torch.as_tensor(sample[key], dtype=torch.float32)
-                 for key in (Columns.OBS, Columns.ACTIONS, Columns.NEXT_OBS, Columns.REWARDS)}
+        batch = _module_batch(algorithm, 16)
         with torch.no_grad():
             fwd_out = module.forward_train(batch)
             actions = fwd_out["actions_next_repeat"]
@@ -83,14 +81,19 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states
 def test_the_target_critics_value_the_next_state_at_the_chosen_action(pendulum_dataset, target_action):
     with built_algorithm("cql", CQLParams(**BUDGET, target_action=target_action), pendulum_dataset) as algorithm:
         module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
-        sample = algorithm.offline_data.sample(num_samples=16, num_shards=0)["default_policy"]
-        batch = {key: torch.as_tensor(sample[key], dtype=torch.float32)
-                 for key in (Columns.OBS, Columns.ACTIONS, Columns.NEXT_OBS, Columns.REWARDS)}
+        batch = _module_batch(algorithm, 16)
         with torch.no_grad():
             fwd_out = module.forward_train(batch)
             mean, _ = fwd_out[ACTION_DIST_INPUTS_NEXT].chunk(2, dim=-1)
             at_mean = module.forward_target({Columns.OBS: batch[Columns.NEXT_OBS], Columns.ACTIONS: torch.tanh(mean)})
         assert torch.allclose(fwd_out["q_target_next"], at_mean) == (target_action == MEAN)
+
+
+def _module_batch(algorithm, rows: int) -> dict:
+    """`rows` rows of the train batches, as the float tensors the module's `forward_train` takes."""
+    sample = algorithm.offline_data.sample(num_samples=rows, num_shards=0)["default_policy"]
+    return {key: torch.as_tensor(sample[key], dtype=torch.float32)
+            for key in (Columns.OBS, Columns.ACTIONS, Columns.NEXT_OBS, Columns.REWARDS)}
 
 
 @pytest.mark.parametrize("threshold", [1e3, -1e3])
