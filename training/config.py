@@ -240,6 +240,9 @@ class CQLParams(LearnerParams):
     threshold, and shrinks while it is below, so Q-values are held about this far from out-of-data actions'."""
     lagrangian_lr: float = 1e-4
     """Learning rate of the multiplier's log (d3rlpy's `alpha_learning_rate`)."""
+    temperature_lr: float = 3e-4
+    """Learning rate of the log of SAC's entropy temperature, which the policy's loss weighs its entropy by (RLlib's
+    `alpha_lr`). The CQL paper's code, CORL and d3rlpy learn it at the actor's rate (1e-4 in d3rlpy's defaults)."""
     target_action: str = SAMPLED
     """The next state's action at which the target critics are evaluated, with no entropy term either way:
     `sampled` from the policy (RLlib's, the CQL paper's code and CORL's), or the policy's `mean` (d3rlpy's default,
@@ -247,7 +250,7 @@ class CQLParams(LearnerParams):
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive(self, "actor_lr", "tau", "num_actions", "lagrangian_lr")
+        require_positive(self, "actor_lr", "tau", "num_actions", "lagrangian_lr", "temperature_lr")
         require_one_of(self, "target_action", CQL_TARGET_ACTIONS)
         _require_discount(self.gamma)
         if self.min_q_weight < 0:

@@ -92,8 +92,8 @@ def _cql_config(params: CQLParams):
 
     # SAC-based CQL has one learning rate per network (and refuses a global `lr`).
     return OfflineCQLConfig().training(
-        lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.lr, gamma=params.gamma,
-        tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
+        lr=None, actor_lr=params.actor_lr, critic_lr=params.lr, alpha_lr=params.temperature_lr,
+        gamma=params.gamma, tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
         bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
         deterministic_backup=True, target_action=params.target_action,  # targets without the entropy term
     ).learners(learner_config_dict={LAGRANGIAN_THRESHOLD: params.lagrangian_threshold,

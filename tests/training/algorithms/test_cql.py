@@ -1,7 +1,7 @@
 """CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
 actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds; with a Lagrangian
 threshold it learns its conservative weight, which a resumed run restores; its target critics value the next state at
-a sampled action or at the policy's mean."""
+a sampled action or at the policy's mean; its entropy temperature learns at a rate of its own."""
 
 from __future__ import annotations
 
@@ -106,6 +106,15 @@ def test_the_conservative_weight_shrinks_below_the_threshold_and_grows_above(pen
         assert abs(stats[CONSERVATIVE_GAP]) < 100
         weight = stats[CONSERVATIVE_WEIGHT]
         assert weight < 1 if threshold > 0 else weight > 1  # it starts at 1 and moves at each update
+
+
+def test_the_entropy_temperature_learns_at_its_own_rate(pendulum_dataset):
+    params = CQLParams(**BUDGET, temperature_lr=1e-5)
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
+        stats = algorithm.train()["learners"]["default_policy"]
+    assert stats["alpha_learning_rate"] == params.temperature_lr
+    # Adam moves the log, from 0 (a temperature of 1), by about the learning rate at each update, not the critics'.
+    assert 0 < abs(stats["log_alpha_value"]) <= 1.1 * params.temperature_lr * params.updates_per_iteration
 
 
 def test_a_resumed_run_goes_on_from_the_learned_weight_and_temperature(pendulum_dataset, tmp_path):
