@@ -386,10 +386,10 @@ def pool(tables: dict[str, dict], columns: list[str] | None = None) -> dict:
                 settings = {key: entry.get(key, {}).get(column) for key in CELL_SETTINGS}
                 scores = dict(zip(entry["seeds"][column], entry["scores"][column]))
                 if column in into.get("seeds", {}):
-                    differ = [key for key in CELL_SETTINGS if into[key][column] != settings[key]]
+                    differ = setting_differences({key: into[key][column] for key in CELL_SETTINGS}, settings)
                     if differ:
-                        raise UserError(f"{source}: {name}'s {column} was measured with other {', '.join(differ)} "
-                                        "than the runs before it; a cell's seeds share its settings")
+                        raise UserError(f"{source}: {name}'s {column} was measured with other settings than the runs "
+                                        f"before it ({'; '.join(differ)}); a cell's seeds share its settings")
                     twice = sorted(set(into["seeds"][column]) & set(scores))
                     if twice:
                         raise UserError(f"{source}: {name}'s {column} seed {twice[0]} is in an earlier run too; "
@@ -402,6 +402,27 @@ def pool(tables: dict[str, dict], columns: list[str] | None = None) -> dict:
                         into.setdefault(key, {}).setdefault(column, {}).update(entry[key][column])
                 record(into, column, scores)
     return pooled
+
+
+def setting_differences(before: dict, now: dict) -> list[str]:
+    """How a cell's settings `now` differ from `before`, each as "SETTING: NOW against BEFORE", field by field in the
+    settings that are dicts (a field one lacks, such as a hyper-parameter added since, is "absent")."""
+    differences = []
+    for key in CELL_SETTINGS:
+        old, new = before[key], now[key]
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            fields = sorted(field for field in old.keys() | new.keys()
+                            if old.get(field, ABSENT) != new.get(field, ABSENT))
+            differences.append(f"{key}: " + ", ".join(f"{field} {new.get(field, ABSENT)} against "
+                                                      f"{old.get(field, ABSENT)}" for field in fields))
+        else:
+            differences.append(f"{key}: {new} against {old}")
+    return differences
+
+
+ABSENT = "absent"
 
 
 def read_tables(directories: list[Path]) -> dict[str, dict]:

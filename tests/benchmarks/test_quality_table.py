@@ -80,8 +80,15 @@ def test_pool_joins_a_cells_seeds_measured_in_separate_runs():
 
 
 def test_pool_refuses_a_cell_of_other_settings_a_seed_twice_and_other_data():
-    with pytest.raises(UserError, match="b: halfcheetah-random's cql was measured with other hyper_parameters"):
+    with pytest.raises(UserError, match=r"b: halfcheetah-random's cql was measured with other settings than the runs "
+                                        r"before it \(hyper_parameters: lr 0.001 against 0.0003\)"):
         pool({"a": _run("cql", 0, 8.0), "b": _run("cql", 1, 10.0, lr=0.001)})
+    newer = _run("cql", 1, 10.0)  # a hyper-parameter added since the first run, and another --set
+    newer["halfcheetah-random"]["hyper_parameters"]["cql"]["temperature_lr"] = 0.0003
+    newer["halfcheetah-random"]["overrides"]["cql"]["iterations"] = 100
+    with pytest.raises(UserError, match=r"\(overrides: iterations 100 against 50; hyper_parameters: temperature_lr "
+                                        r"0.0003 against absent\)"):
+        pool({"a": _run("cql", 0, 8.0), "b": newer})
     with pytest.raises(UserError, match="b: halfcheetah-random's cql seed 0 is in an earlier run too"):
         pool({"a": _run("cql", 0, 8.0), "b": _run("cql", 0, 8.5)})
     recollected = _run("cql", 1, 10.0)
