@@ -11,9 +11,11 @@ draws. A sampled term's difference is printed with its standard error; the gradi
 cosine and the ratio of norms of two means of half the draws each: ours against d3rlpy's, and ours against ours, the
 sampling's own spread. A term that differs by more than that spread differs in what it computes.
 
-The two order the update differently, which one update from the same weights does not show: d3rlpy steps its
-conservative weight, then its critics, then its policy on the stepped critics; ours computes every loss from the
-weights before the update.
+The two order an update differently: d3rlpy steps its conservative weight, then its critics, then its temperature and
+its policy, each loss after the steps before it; ours computes every loss from the weights before the update. d3rlpy's
+side runs its own losses, which step the conservative weight and the temperature before using them (each draw starts
+again from the shared values); its critics and policy are not stepped, so the order of the critics' and the policy's
+steps is what one update from the same weights does not show.
 
     python -m benchmarks.cql_one_update --params benchmarks/mujoco/params.yaml \\
         --dataset benchmarks/mujoco/datasets/hopper-random --updates-before 5000
@@ -155,72 +157,70 @@ def ours(args) -> tuple[dict, dict]:
 def d3rlpy_side(shared_path: Path, out_path: Path) -> None:
     """d3rlpy's terms, in its own virtualenv, from the weights and batch `ours` saved; gradients by d3rlpy's names."""
     import d3rlpy
+    from d3rlpy.models.torch import get_parameter
     from d3rlpy.torch_utility import TorchMiniBatch
 
     shared = torch.load(shared_path, weights_only=False)
     settings, batch = shared["settings"], shared["batch"]
     torch.manual_seed(settings["seed"])
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=settings["hidden"])
-    # Learning rates of 0: d3rlpy then builds no optimizer for the temperature and the conservative weight, whose
-    # updates would otherwise step them inside the losses; their gradients are taken below, as ours.
     algo = d3rlpy.algos.CQLConfig(actor_encoder_factory=encoder, critic_encoder_factory=encoder,
                                   gamma=settings["gamma"], tau=settings["tau"],
                                   conservative_weight=settings["conservative_weight"],
-                                  alpha_threshold=settings["threshold"], n_action_samples=settings["n_action_samples"],
-                                  temp_learning_rate=0, alpha_learning_rate=0).create(device="cpu:0")
+                                  alpha_threshold=settings["threshold"],
+                                  n_action_samples=settings["n_action_samples"]).create(device="cpu:0")
     obs, actions = batch["obs"], batch["actions"]
     algo.create_impl((obs.shape[1],), actions.shape[1])
-    impl, modules = algo.impl, algo.impl._modules
+    impl, modules = algo.impl, algo.impl.modules
     parameters = {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
                   for name, p in getattr(modules, part).named_parameters(prefix=part)}
     missing = set(parameters) ^ set(shared["weights"])
     if missing:
         raise SystemExit(f"the weights do not map onto d3rlpy's networks: {sorted(missing)}")
-    log_temperature, log_weight = modules.log_temp._parameter, modules.log_alpha._parameter
+    log_temperature, log_weight = get_parameter(modules.log_temp), get_parameter(modules.log_alpha)
     with torch.no_grad():
         for name, tensor in shared["weights"].items():
             parameters[name].copy_(tensor)
-        log_temperature.fill_(shared["log_temperature"])
-        log_weight.fill_(shared["log_conservative_weight"])
 
     def tensor(key: str) -> torch.Tensor:
         return torch.as_tensor(batch[key], dtype=torch.float32)
 
-    rows = len(obs)
+    rows, critics = len(obs), len(modules.q_funcs)
     mini = TorchMiniBatch(observations=tensor("obs"), actions=tensor("actions"), rewards=tensor("rewards").view(-1, 1),
                           next_observations=tensor("new_obs"), next_actions=tensor("actions"),
                           returns_to_go=torch.zeros(rows, 1), terminals=tensor("terminateds").view(-1, 1),
                           intervals=torch.ones(rows, 1), device="cpu:0")
+    temperature = math.exp(shared["log_temperature"])
     terms: dict[str, list] = {}
     for _ in range(settings["draws"]):
+        with torch.no_grad():  # d3rlpy's losses step the two as they go: each draw starts from the shared values
+            log_temperature.fill_(shared["log_temperature"])
+            log_weight.fill_(shared["log_conservative_weight"])
         for p in (*parameters.values(), log_temperature, log_weight):
             p.grad = None
         q_tpn = impl.compute_target(mini)
-        critic = impl.compute_critic_loss(mini, q_tpn)
+        critic = impl.compute_critic_loss(mini, q_tpn)  # steps the conservative weight first, as its update does
+        gradients = {"log_conservative_weight": log_weight.grad.view(1).clone()}
         critic.critic_loss.backward()
         # Taken before the policy's loss, which reaches the critics too (its actions' Q); ours keeps them apart.
-        gradients = {name: p.grad.clone() for name, p in parameters.items() if name.startswith("q_funcs.")}
-        conservative = impl._compute_conservative_loss(mini.observations, mini.actions, mini.next_observations,
-                                                       mini.returns_to_go)  # weight * (gap - threshold), by critic
-        log_weight.grad = None  # d3rlpy's critic loss reaches the weight too; its own optimizer clears that
-        (-(log_weight.exp().clamp(0, 1e6) * conservative.detach()).mean()).backward()
+        gradients |= {name: p.grad.clone() for name, p in parameters.items() if name.startswith("q_funcs.")}
         action = modules.policy(mini.observations)
-        actor = impl.compute_actor_loss(mini, action)
+        actor = impl.compute_actor_loss(mini, action)  # steps the temperature first, from its loss -t (log p - A)
+        # Ours learns log t from -log t (log p - A): its gradient is d3rlpy's over t.
+        gradients["log_temperature"] = log_temperature.grad.view(1) / temperature
         actor.actor_loss.backward()
         gradients |= {name: p.grad.clone() for name, p in parameters.items() if name.startswith("policy.")}
-        _, log_prob = d3rlpy.models.torch.build_squashed_gaussian_distribution(action).sample_with_log_prob()
-        # Our temperature's loss is -log(t) * (log p + target entropy): its gradient, d3rlpy's divided by t.
-        gradients["log_temperature"] = -(log_prob.detach() - actions.shape[1]).mean().view(1)
-        gradients["log_conservative_weight"] = log_weight.grad.view(1).clone()
         with torch.no_grad():
             q_data = [q(mini.observations, mini.actions).q_value for q in modules.q_funcs]
             target = mini.rewards + settings["gamma"] * (1 - mini.terminals) * q_tpn
+            # Its conservative loss, the weight times the sum over critics of min_q_weight (gap - threshold).
+            gap = critic.conservative_loss / (critic.alpha * settings["conservative_weight"] * critics)
             draw = {"q_data": q_data[0].mean().item(), "q_twin_data": q_data[1].mean().item(),
                     "target": target.mean().item(),
                     "td_loss": sum(torch.mean((q - target) ** 2) for q in q_data).item(),
-                    "conservative_gap": (conservative / settings["conservative_weight"]
-                                         + settings["threshold"]).mean().item(),
-                    "policy_logp": log_prob.mean().item(), "actor_loss": actor.actor_loss.item()}
+                    "conservative_gap": gap.item() + settings["threshold"],
+                    "policy_logp": actions.shape[1] - actor.temp_loss.item() / temperature,
+                    "actor_loss": actor.actor_loss.item()}
         for key, value in draw.items():
             terms.setdefault(key, []).append(value)
         for name, gradient in gradients.items():
