@@ -140,7 +140,7 @@ def ours(args) -> tuple[dict, dict]:
             for name, gradient in (to_d3rlpy(named) | {key: named[key] for key in SCALAR_PARAMETERS}).items():
                 terms.setdefault(f"grad:{name}", []).append(gradient)
         weights = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
-        mean, log_std = fwd_out["action_dist_inputs"].chunk(2, dim=-1)
+        mean, log_std = fwd_out[Columns.ACTION_DIST_INPUTS].chunk(2, dim=-1)
         terms["policy_mean"], terms["policy_log_std"] = [mean.mean().item()], [log_std.mean().item()]
         terms[UNDER_FLOOR] = [(log_std < RLLIB_LOG_STD_FLOOR).float().mean().item()]
         shared = {"weights": to_d3rlpy(weights), "batch": {key: value.numpy() for key, value in batch.items()},
