@@ -404,6 +404,10 @@ def pool(tables: dict[str, dict], columns: list[str] | None = None) -> dict:
     return pooled
 
 
+# How a setting's field one run lacks reads in `setting_differences`.
+ABSENT = "absent"
+
+
 def setting_differences(before: dict, now: dict) -> list[str]:
     """How a cell's settings `now` differ from `before`, each as "SETTING: NOW against BEFORE", field by field in the
     settings that are dicts (a field one lacks, such as a hyper-parameter added since, is "absent")."""
@@ -420,9 +424,6 @@ def setting_differences(before: dict, now: dict) -> list[str]:
         else:
             differences.append(f"{key}: {new} against {old}")
     return differences
-
-
-ABSENT = "absent"
 
 
 def read_tables(directories: list[Path]) -> dict[str, dict]:
