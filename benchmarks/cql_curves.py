@@ -68,8 +68,8 @@ def curves(results: list[Path], dataset: str) -> dict[str, dict[str, list[tuple[
                 found[learner][seed] = [(row["iteration"] * updates, {title: value[learner](row, cell)
                                                                       for title, value in PANELS.items()})
                                         for row in rows]
-    if not found[OURS] or not found[D3RLPY]:
-        missing = [learner for learner in (OURS, D3RLPY) if not found[learner]]
+    missing = [learner for learner in (OURS, D3RLPY) if not found[learner]]
+    if missing:
         raise UserError(f"no learner metrics of {', '.join(missing)} on {dataset} in {', '.join(map(str, results))}; "
                         f"pass the runs of both learners")
     return found
