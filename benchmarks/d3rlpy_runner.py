@@ -6,6 +6,12 @@ does from the spec the card records: the dataset is read with pyarrow alone, by 
 card lists. The JSON holds the evaluation's returns and d3rlpy's own metrics (its loss terms, CQL's learned weight
 `alpha`), the means of each epoch of `--epoch-updates` updates.
 
+Two settings of the runner's own, passed in `--config` beside d3rlpy's fields, change how d3rlpy's continuous CQL
+trains to what ours does, to find where the two part (benchmarks/README.md, "Level with d3rlpy's CQL"):
+`update_order: rllib` computes the policy's loss from the critics before their step (d3rlpy steps its critics, then
+computes it), as RLlib's learner takes every loss before any step; `batch_draws: shuffled_passes` draws each batch from
+a fresh permutation of the transitions, pass after pass, as ours does, where d3rlpy draws every one with replacement.
+
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
         --seed 0 --steps 2000 --epoch-updates 1000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
         --target-update-every 100 --cql-alpha 1.0 --eval-seeds '[1, 2, 3]'
@@ -17,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import types
 from pathlib import Path
 
 import d3rlpy
@@ -65,6 +72,8 @@ def load(dataset_dir: Path):
 
 
 NOT_OBSERVATIONS = ["actions", "rewards", "terminateds", "truncateds"]
+# The runner's own settings (see the module's docstring), by name, with their values; each one's first is d3rlpy's.
+PROBES = {"update_order": ("d3rlpy", "rllib"), "batch_draws": ("with_replacement", "shuffled_passes")}
 
 
 def image_stack(card: dict) -> tuple[int, int, int] | None:
@@ -153,6 +162,34 @@ def build(args, card: dict, discrete: bool):
     raise SystemExit(f"unknown algo {args.algo} for {'discrete' if discrete else 'continuous'} actions")
 
 
+def rllib_order_update(impl, batch, grad_step: int) -> dict[str, float]:
+    """d3rlpy's continuous CQL update (DDPGBaseImpl.inner_update) with the policy's loss taken from the critics before
+    their step, then the critics' step, then the policy's, as RLlib's learner orders them. The critics' loss reads the
+    policy's outputs detached, so its backward leaves the policy's gradients as the policy's loss made them."""
+    modules = impl.modules
+    modules.actor_optim.zero_grad()
+    actor = impl.compute_actor_loss(batch, modules.policy(batch.observations))  # steps the temperature first
+    actor.actor_loss.backward()
+    metrics = impl.update_critic(batch)  # clears the critics' gradients of the policy's loss before its own
+    modules.actor_optim.step()
+    impl.update_critic_target()
+    return {**metrics, **d3rlpy.dataclass_utils.asdict_as_float(actor)}
+
+
+def draw_in_shuffled_passes(data, seed: int):
+    """`data.sample_transition` (which d3rlpy's batches call once a row) drawing from a fresh permutation of the
+    transitions at each pass, instead of a uniform draw with replacement."""
+    rng, order = np.random.default_rng(seed), []
+
+    def sample_transition():
+        if not order:
+            order.extend(rng.permutation(data.transition_count).tolist())
+        episode, index = data.buffer[order.pop()]
+        return data.transition_picker(episode, index)
+
+    return sample_transition
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", type=Path, required=True)
@@ -181,6 +218,10 @@ def main() -> None:
     if args.steps % args.epoch_updates:
         raise SystemExit(f"--epoch-updates {args.epoch_updates} does not divide --steps {args.steps}")
 
+    probes = {name: args.config.pop(name, values[0]) for name, values in PROBES.items()}
+    for name, value in probes.items():
+        if value not in PROBES[name]:
+            raise SystemExit(f"--config: {name} is one of {', '.join(PROBES[name])}, not {value}")
     card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
     config = build(args, card, discrete)
@@ -188,6 +229,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--config: {type(config).__name__} has no field {', '.join(sorted(unknown))}")
     algo = dataclasses.replace(config, **args.config).create(device="cpu:0")
+    if probes["update_order"] == "rllib":
+        if not isinstance(config, d3rlpy.algos.CQLConfig):
+            raise SystemExit(f"--config: update_order applies to continuous CQL, not {type(config).__name__}")
+        algo.build_with_dataset(data)
+        algo.impl.inner_update = types.MethodType(rllib_order_update, algo.impl)
+    if probes["batch_draws"] == "shuffled_passes":
+        data.sample_transition = draw_in_shuffled_passes(data, args.seed)
     # Epochs only group the updates for reporting: the batches and the updates are the same for any epoch length.
     epochs = algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.epoch_updates, show_progress=False,
                       save_interval=10**9, experiment_name=None, with_timestamp=False,
