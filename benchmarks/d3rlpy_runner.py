@@ -199,7 +199,8 @@ def main() -> None:
     parser.add_argument("--epoch-updates", type=int, required=True,
                         help="updates an epoch, of which d3rlpy reports its metrics' means (a divisor of --steps)")
     parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, required=True, help="learning rate (the critics', for continuous CQL and IQL)")
+    parser.add_argument("--lr", type=float, required=True,
+                        help="learning rate (the critics', for continuous CQL and IQL)")
     parser.add_argument("--actor-lr", type=float, default=1e-4)
     parser.add_argument("--hidden", type=int, nargs="+", required=True)
     parser.add_argument("--conv-filters", type=json.loads, default=[[32, 8, 4], [64, 4, 2], [64, 3, 1]],
