@@ -16,12 +16,14 @@ was measured with the same settings, params.yaml's values included (so `--seeds 
 `--updates-scale` gives every learner more gradient updates than params.yaml (sized for the default pipeline's
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--d3rlpy-set
-FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks. `--sample-actions`
-evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy acts, instead of
-greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our learners at a time
-budget instead of params.yaml's iterations, for a machine lent for a fixed time (benchmarks/gpu_lease/). `--pool DIR
-...` measures nothing: it joins the cells of runs made apart (one seed per process, two processes at once on 2 cores)
-into OUT's table, each cell with every run's seeds, and refuses a cell whose runs differ in settings.
+FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks, or one of
+d3rlpy_runner.py's own settings (`update_order`, `batch_draws`), which train d3rlpy's CQL as ours does.
+`--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy
+acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our
+learners at a time budget instead of params.yaml's iterations, for a machine lent for a fixed time
+(benchmarks/gpu_lease/). `--pool DIR ...` measures nothing: it joins the cells of runs made apart (one seed per process,
+two processes at once on 2 cores) into OUT's table, each cell with every run's seeds, and refuses a cell whose runs
+differ in settings.
 """
 
 from __future__ import annotations
@@ -217,7 +219,8 @@ def main() -> None:
                              "params.yaml's (e.g. beta=0.1); the cells say so")
     parser.add_argument("--d3rlpy-set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
                         help="a field of d3rlpy's own config for d3rlpy's learners, over its default (e.g. "
-                             "alpha_learning_rate=0); the cells say so")
+                             "alpha_learning_rate=0), or a setting of d3rlpy_runner.py's own (update_order, "
+                             "batch_draws); the cells say so")
     parser.add_argument("--train-seconds", type=float,
                         help="our learners stop after the first iteration that ends past this many seconds (a lent "
                              "machine's fixed time); each cell records the updates its seeds made")
