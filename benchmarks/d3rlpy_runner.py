@@ -176,6 +176,11 @@ def rllib_order_update(impl, batch, grad_step: int) -> dict[str, float]:
     return {**metrics, **d3rlpy.dataclass_utils.asdict_as_float(actor)}
 
 
+def update_in_rllib_order(algo) -> None:
+    """Makes a built continuous CQL update as `rllib_order_update` does."""
+    algo.impl.inner_update = types.MethodType(rllib_order_update, algo.impl)
+
+
 def draw_in_shuffled_passes(data, seed: int):
     """`data.sample_transition` (which d3rlpy's batches call once a row) drawing from a fresh permutation of the
     transitions at each pass, instead of a uniform draw with replacement."""
@@ -234,7 +239,7 @@ def main() -> None:
         if not isinstance(config, d3rlpy.algos.CQLConfig):
             raise SystemExit(f"--config: update_order applies to continuous CQL, not {type(config).__name__}")
         algo.build_with_dataset(data)
-        algo.impl.inner_update = types.MethodType(rllib_order_update, algo.impl)
+        update_in_rllib_order(algo)
     if probes["batch_draws"] == "shuffled_passes":
         data.sample_transition = draw_in_shuffled_passes(data, args.seed)
     # Epochs only group the updates for reporting: the batches and the updates are the same for any epoch length.

@@ -20,7 +20,7 @@ import d3rlpy, torch
 sys.path.insert(0, "benchmarks")
 import d3rlpy_runner as runner
 
-card, _, data = runner.load(Path(sys.argv[1]))
+_, _, data = runner.load(Path(sys.argv[1]))
 count = data.transition_count
 draw = runner.draw_in_shuffled_passes(data, seed=0)
 drawn = [tuple(draw().observation.round(6)) for _ in range(2 * count)]
@@ -42,7 +42,7 @@ observations = torch.tensor(batch.observations)
 by_hand.impl.compute_actor_loss(types.SimpleNamespace(observations=observations),
                                 modules.policy(observations)).actor_loss.backward()
 modules.actor_optim.step()
-in_rllib_order.impl.inner_update = types.MethodType(runner.rllib_order_update, in_rllib_order.impl)
+runner.update_in_rllib_order(in_rllib_order)
 torch.manual_seed(1)
 metrics = in_rllib_order.update(batch)
 
