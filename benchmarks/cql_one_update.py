@@ -19,6 +19,10 @@ steps is what one update from the same weights does not show.
 
     python -m benchmarks.cql_one_update --params benchmarks/mujoco/params.yaml \\
         --dataset benchmarks/mujoco/datasets/hopper-random --updates-before 5000
+
+`--save-weights FILE` also writes the weights both start from, by d3rlpy's names, with the temperature and the
+conservative weight: with `--updates-before 0`, our CQL's initial weights at `--seed`, which d3rlpy_runner.py's
+`initial_weights` setting starts d3rlpy's CQL from.
 """
 
 from __future__ import annotations
@@ -159,6 +163,7 @@ def d3rlpy_side(shared_path: Path, out_path: Path) -> None:
     import d3rlpy
     from d3rlpy.models.torch import get_parameter
     from d3rlpy.torch_utility import TorchMiniBatch
+    from d3rlpy_runner import copy_weights  # beside this file, which d3rlpy's virtualenv runs as a script
 
     shared = torch.load(shared_path, weights_only=False)
     settings, batch = shared["settings"], shared["batch"]
@@ -174,13 +179,8 @@ def d3rlpy_side(shared_path: Path, out_path: Path) -> None:
     impl, modules = algo.impl, algo.impl.modules
     parameters = {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
                   for name, p in getattr(modules, part).named_parameters(prefix=part)}
-    missing = set(parameters) ^ set(shared["weights"])
-    if missing:
-        raise SystemExit(f"the weights do not map onto d3rlpy's networks: {sorted(missing)}")
     log_temperature, log_weight = get_parameter(modules.log_temp), get_parameter(modules.log_alpha)
-    with torch.no_grad():
-        for name, tensor in shared["weights"].items():
-            parameters[name].copy_(tensor)
+    copy_weights(modules, shared)
 
     def tensor(key: str) -> torch.Tensor:
         return torch.as_tensor(batch[key], dtype=torch.float32)
@@ -240,6 +240,8 @@ def main() -> None:
                         help="draws of the sampled terms (at least 2), each mean over these")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--d3rlpy-python", help="the d3rlpy virtualenv's python (default: quality_table.py's)")
+    parser.add_argument("--save-weights", type=Path, metavar="FILE",
+                        help="also write the weights both start from (d3rlpy_runner.py's initial_weights)")
     parser.add_argument("--d3rlpy-side", nargs=2, type=Path, metavar=("SHARED", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.d3rlpy_side:
@@ -252,6 +254,10 @@ def main() -> None:
     from benchmarks.quality_table import D3RLPY_PYTHON  # not at the top: d3rlpy's virtualenv runs this file too
 
     shared, terms = ours(args)
+    if args.save_weights:
+        torch.save({key: shared[key] for key in ("weights", "log_temperature", "log_conservative_weight")},
+                   args.save_weights)
+        print(f"[cql_one_update] the weights: {args.save_weights}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         shared_path, out_path = Path(tmp) / "shared.pt", Path(tmp) / "d3rlpy.pt"
         torch.save(shared, shared_path)

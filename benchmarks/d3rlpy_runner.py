@@ -6,11 +6,18 @@ does from the spec the card records: the dataset is read with pyarrow alone, by 
 card lists. The JSON holds the evaluation's returns and d3rlpy's own metrics (its loss terms, CQL's learned weight
 `alpha`), the means of each epoch of `--epoch-updates` updates.
 
-Two settings of the runner's own, passed in `--config` beside d3rlpy's fields, change how d3rlpy's continuous CQL
-trains to what ours does, to find where the two part (benchmarks/README.md, "Level with d3rlpy's CQL"):
-`update_order: rllib` computes the policy's loss from the critics before their step (d3rlpy steps its critics, then
-computes it), as RLlib's learner takes every loss before any step; `batch_draws: shuffled_passes` draws each batch from
-a fresh permutation of the transitions, pass after pass, as ours does, where d3rlpy draws every one with replacement.
+Settings of the runner's own (`PROBES`), passed in `--config` beside d3rlpy's fields, change how d3rlpy's continuous
+CQL trains to what ours does, one respect each, to find where the two part (benchmarks/README.md, "Level with d3rlpy's
+CQL"). At `rllib`:
+- `update_order` computes the policy's loss from the critics before their step (d3rlpy steps its critics, then
+  computes it), as RLlib's learner takes every loss before any step;
+- `adam_eps` gives every optimizer RLlib's SAC's epsilon, 1e-7 (d3rlpy's: 1e-8);
+- `log_std_bounds` clamps the policy's log-deviations to RLlib's [-5, 2] (d3rlpy's: [-20, 2]);
+- `temperature_loss` learns the entropy temperature's log t from RLlib's loss, -log t (log p - A), whose gradient is
+  d3rlpy's, -t (log p - A), over t.
+`batch_draws: shuffled_passes` draws each batch from a fresh permutation of the transitions, pass after pass, as ours
+does, where d3rlpy draws every one with replacement. `initial_weights: FILE` starts from the weights of one of our
+CQLs, as `benchmarks/cql_one_update.py --save-weights FILE` writes them.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
         --seed 0 --steps 2000 --epoch-updates 1000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
@@ -30,6 +37,7 @@ import d3rlpy
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 
 def load(dataset_dir: Path):
@@ -73,7 +81,14 @@ def load(dataset_dir: Path):
 
 NOT_OBSERVATIONS = ["actions", "rewards", "terminateds", "truncateds"]
 # The runner's own settings (see the module's docstring), by name, with their values; each one's first is d3rlpy's.
-PROBES = {"update_order": ("d3rlpy", "rllib"), "batch_draws": ("with_replacement", "shuffled_passes")}
+# `initial_weights` takes a file's path instead of its second.
+PROBES = {"update_order": ("d3rlpy", "rllib"), "batch_draws": ("with_replacement", "shuffled_passes"),
+          "adam_eps": ("d3rlpy", "rllib"), "log_std_bounds": ("d3rlpy", "rllib"),
+          "temperature_loss": ("d3rlpy", "rllib"), "initial_weights": ("d3rlpy",)}
+# RLlib 2.60's SAC learner's Adam epsilon, and the bounds of its squashed Gaussian's log-deviations
+# (MIN_LOG_NN_OUTPUT, MAX_LOG_NN_OUTPUT).
+RLLIB_ADAM_EPS = 1e-7
+RLLIB_LOG_STD_BOUNDS = (-5.0, 2.0)
 
 
 def image_stack(card: dict) -> tuple[int, int, int] | None:
@@ -181,6 +196,38 @@ def update_in_rllib_order(algo) -> None:
     algo.impl.inner_update = types.MethodType(rllib_order_update, algo.impl)
 
 
+def temperature_step_on_log(impl, log_prob: torch.Tensor) -> torch.Tensor:
+    """d3rlpy's `update_temp` with RLlib's loss of the temperature's log, -log t (log p - A)."""
+    modules = impl.modules
+    modules.temp_optim.zero_grad()
+    log_temperature = d3rlpy.models.torch.get_parameter(modules.log_temp)
+    loss = -(log_temperature * (log_prob.detach() - impl.action_size)).mean()
+    loss.backward()
+    modules.temp_optim.step()
+    return loss
+
+
+def clamp_log_std(policy, inputs, output):
+    """A forward hook on d3rlpy's policy: its log-deviations within RLlib's bounds."""
+    return type(output)(output.mu, output.squashed_mu, output.logstd.clamp(*RLLIB_LOG_STD_BOUNDS))
+
+
+def copy_weights(modules, saved: dict) -> None:
+    """Sets a built continuous CQL's networks (policy, critics, target critics), its temperature and its conservative
+    weight to `saved`'s: our CQL's, by d3rlpy's names, as `benchmarks/cql_one_update.py` maps them."""
+    parameters = {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
+                  for name, p in getattr(modules, part).named_parameters(prefix=part)}
+    if set(parameters) != set(saved["weights"]):
+        raise SystemExit(f"the weights do not map onto d3rlpy's networks: "
+                         f"{sorted(set(parameters) ^ set(saved['weights']))}")
+    get_parameter = d3rlpy.models.torch.get_parameter
+    with torch.no_grad():
+        for name, tensor in saved["weights"].items():
+            parameters[name].copy_(tensor)
+        get_parameter(modules.log_temp).fill_(saved["log_temperature"])
+        get_parameter(modules.log_alpha).fill_(saved["log_conservative_weight"])
+
+
 def draw_in_shuffled_passes(data, seed: int):
     """`data.sample_transition` (which d3rlpy's batches call once a row) drawing from a fresh permutation of the
     transitions at each pass, instead of a uniform draw with replacement."""
@@ -226,7 +273,9 @@ def main() -> None:
 
     probes = {name: args.config.pop(name, values[0]) for name, values in PROBES.items()}
     for name, value in probes.items():
-        if value not in PROBES[name]:
+        if name == "initial_weights" and value != PROBES[name][0] and not Path(value).is_file():
+            raise SystemExit(f"--config: initial_weights is d3rlpy or a file of weights; {value} is no file")
+        if name != "initial_weights" and value not in PROBES[name]:
             raise SystemExit(f"--config: {name} is one of {', '.join(PROBES[name])}, not {value}")
     card, discrete, data = load(args.dataset)
     d3rlpy.seed(args.seed)
@@ -234,12 +283,22 @@ def main() -> None:
     unknown = set(args.config) - {field.name for field in dataclasses.fields(config)}
     if unknown:
         raise SystemExit(f"--config: {type(config).__name__} has no field {', '.join(sorted(unknown))}")
+    like_ours = [name for name, value in probes.items() if name != "batch_draws" and value != PROBES[name][0]]
+    if like_ours and not isinstance(config, d3rlpy.algos.CQLConfig):
+        raise SystemExit(f"--config: {', '.join(like_ours)} applies to continuous CQL, not {type(config).__name__}")
+    if probes["adam_eps"] == "rllib":
+        args.config |= {f"{part}_optim_factory": d3rlpy.optimizers.AdamFactory(eps=RLLIB_ADAM_EPS)
+                        for part in ("actor", "critic", "temp", "alpha")}
     algo = dataclasses.replace(config, **args.config).create(device="cpu:0")
+    algo.build_with_dataset(data)
     if probes["update_order"] == "rllib":
-        if not isinstance(config, d3rlpy.algos.CQLConfig):
-            raise SystemExit(f"--config: update_order applies to continuous CQL, not {type(config).__name__}")
-        algo.build_with_dataset(data)
         update_in_rllib_order(algo)
+    if probes["log_std_bounds"] == "rllib":
+        algo.impl.modules.policy.register_forward_hook(clamp_log_std)
+    if probes["temperature_loss"] == "rllib":
+        algo.impl.update_temp = types.MethodType(temperature_step_on_log, algo.impl)
+    if probes["initial_weights"] != "d3rlpy":
+        copy_weights(algo.impl.modules, torch.load(probes["initial_weights"]))
     if probes["batch_draws"] == "shuffled_passes":
         data.sample_transition = draw_in_shuffled_passes(data, args.seed)
     # Epochs only group the updates for reporting: the batches and the updates are the same for any epoch length.

@@ -17,7 +17,8 @@ was measured with the same settings, params.yaml's values included (so `--seeds 
 CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners that have that hyper-parameter
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--d3rlpy-set
 FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks, or one of
-d3rlpy_runner.py's own settings (`update_order`, `batch_draws`), which train d3rlpy's CQL as ours does.
+d3rlpy_runner.py's own settings (its `PROBES`: `update_order`, `batch_draws`, `adam_eps`, `log_std_bounds`,
+`temperature_loss`, `initial_weights`), which train d3rlpy's CQL as ours does in one respect each.
 `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy
 acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our
 learners at a time budget instead of params.yaml's iterations, for a machine lent for a fixed time
@@ -219,8 +220,8 @@ def main() -> None:
                              "params.yaml's (e.g. beta=0.1); the cells say so")
     parser.add_argument("--d3rlpy-set", nargs="+", default=[], metavar="FIELD=VALUE", type=field_value,
                         help="a field of d3rlpy's own config for d3rlpy's learners, over its default (e.g. "
-                             "alpha_learning_rate=0), or a setting of d3rlpy_runner.py's own (update_order, "
-                             "batch_draws); the cells say so")
+                             "alpha_learning_rate=0), or a setting of d3rlpy_runner.py's own (its PROBES, e.g. "
+                             "update_order=rllib); the cells say so")
     parser.add_argument("--train-seconds", type=float,
                         help="our learners stop after the first iteration that ends past this many seconds (a lent "
                              "machine's fixed time); each cell records the updates its seeds made")

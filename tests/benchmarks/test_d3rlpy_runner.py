@@ -1,15 +1,19 @@
 """benchmarks/d3rlpy_runner.py's own settings, run in d3rlpy's virtualenv on a real Pendulum dataset: in RLlib's
 order (`update_order: rllib`) d3rlpy's CQL steps its policy by the gradient its loss has under the critics before
-their step; in shuffled passes (`batch_draws: shuffled_passes`) every transition is drawn once a pass."""
+their step; in shuffled passes (`batch_draws: shuffled_passes`) every transition is drawn once a pass; RLlib's
+temperature loss gives log t d3rlpy's gradient over t; RLlib's bounds clamp the policy's log-deviations; and d3rlpy's
+CQL trains from our CQL's initial weights with every setting at RLlib's."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
+import yaml
 
 from benchmarks.quality_table import D3RLPY_PYTHON
-from tests.conftest import REPO
+from tests.conftest import REPO, run_benchmark
 
 # Two CQLs built from one seed; one is stepped by hand from the critics as built, the other by `rllib_order_update`
 # from the same torch seed. Their policies must agree, while the second's critics moved.
@@ -26,10 +30,11 @@ draw = runner.draw_in_shuffled_passes(data, seed=0)
 drawn = [tuple(draw().observation.round(6)) for _ in range(2 * count)]
 assert len(set(drawn[:count])) == count and sorted(drawn[:count]) == sorted(drawn[count:]), "a pass repeats a row"
 
-def built():
+def built(**config):
     d3rlpy.seed(0)
     algo = d3rlpy.algos.CQLConfig(batch_size=32, actor_encoder_factory=d3rlpy.models.VectorEncoderFactory([16]),
-                                  critic_encoder_factory=d3rlpy.models.VectorEncoderFactory([16])).create("cpu:0")
+                                  critic_encoder_factory=d3rlpy.models.VectorEncoderFactory([16]),
+                                  **config).create("cpu:0")
     algo.build_with_dataset(data)
     return algo
 
@@ -52,16 +57,69 @@ def weights(algo, part):
 assert torch.allclose(weights(by_hand, "policy"), weights(in_rllib_order, "policy"), atol=1e-7), "policy differs"
 assert not torch.allclose(weights(by_hand, "q_funcs"), weights(in_rllib_order, "q_funcs")), "critics not stepped"
 assert {"critic_loss", "conservative_loss", "actor_loss", "temp"} <= set(metrics), metrics
+
+log_prob, gradients = torch.randn(32, 1), []
+for step in (runner.temperature_step_on_log, type(by_hand.impl).update_temp):
+    impl = built(initial_temperature=2.0).impl
+    step(impl, log_prob)
+    gradients.append(d3rlpy.models.torch.get_parameter(impl.modules.log_temp).grad.item())
+assert abs(gradients[0] - gradients[1] / 2.0) < 1e-5, gradients
+
+policy = built().impl.modules.policy
+with torch.no_grad():
+    for name, p in policy.named_parameters():
+        if name.startswith("_logstd."):
+            p.fill_(-10.0 if name.endswith("bias") else 0.0)
+free = policy(observations)
+policy.register_forward_hook(runner.clamp_log_std)
+clamped = policy(observations)
+assert torch.all(free.logstd == -10.0) and torch.all(clamped.logstd == -5.0), "log-deviations not clamped"
+assert torch.equal(free.mu, clamped.mu) and torch.equal(free.squashed_mu, clamped.squashed_mu)
 print("checked", count)
 """
 
 
 @pytest.mark.slow  # d3rlpy's virtualenv starts and builds two small CQLs
 @pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
-def test_rllib_order_steps_the_policy_from_the_critics_before_their_step_and_passes_draw_each_row_once(
-        pendulum_dataset):
+def test_each_setting_changes_d3rlpys_cql_as_it_says(pendulum_dataset):
     run = subprocess.run([str(D3RLPY_PYTHON), "-c", CHECK, str(pendulum_dataset)], cwd=REPO, capture_output=True,
                          text=True, timeout=600)
 
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1].startswith("checked")
+
+
+@pytest.mark.slow  # our CQL built on Ray, then d3rlpy's trained briefly in its own virtualenv
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_d3rlpys_cql_trains_from_our_initial_weights_with_every_setting_at_rllibs(pendulum_dataset, tmp_path):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["algos"]["cql"].update(hidden_layers=[32, 32], batch_size=32, lagrangian_threshold=10.0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    weights = tmp_path / "weights.pt"
+    saved = run_benchmark("cql_one_update", "--params", tmp_path / "params.yaml", "--dataset", pendulum_dataset,
+                          "--draws", 2, "--save-weights", weights)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+
+    settings = {"update_order": "rllib", "batch_draws": "shuffled_passes", "adam_eps": "rllib",
+                "log_std_bounds": "rllib", "temperature_loss": "rllib", "initial_weights": str(weights)}
+    run = subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(pendulum_dataset),
+                          "--algo", "cql", "--seed", "0", "--steps", "20", "--epoch-updates", "10", "--batch-size",
+                          "32", "--lr", "3e-4", "--hidden", "32", "32", "--eval-seeds", "[1]",
+                          "--config", json.dumps(settings)], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(result["returns"]) == 1 and [epoch["epoch"] for epoch in result["metrics"]] == [1, 2]
+
+
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_initial_weights_must_be_a_file(pendulum_dataset):
+    run = subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(pendulum_dataset),
+                          "--algo", "cql", "--seed", "0", "--steps", "10", "--epoch-updates", "10", "--batch-size",
+                          "32", "--lr", "3e-4", "--hidden", "32", "--eval-seeds", "[1]",
+                          "--config", json.dumps({"initial_weights": "no/such.pt"})], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == ("--config: initial_weights is d3rlpy or a file of weights; "
+                                                   "no/such.pt is no file")
