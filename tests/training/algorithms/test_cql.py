@@ -1,7 +1,8 @@
 """CQL (RLlib's, SAC-based) on a continuous-action dataset: trains with no env runners, sees the dataset's
 actions rescaled to its tanh policy's [-1, 1], and its checkpoint acts within the env's bounds; with a Lagrangian
 threshold it learns its conservative weight, which a resumed run restores; its target critics value the next state at
-a sampled action or at the policy's mean; its entropy temperature learns at a rate of its own."""
+a sampled action or at the policy's mean; its target critics follow its critics by tau at every update; its entropy
+temperature learns at a rate of its own."""
 
 from __future__ import annotations
 
@@ -106,6 +107,30 @@ def test_the_conservative_weight_shrinks_below_the_threshold_and_grows_above(pen
         assert abs(stats[CONSERVATIVE_GAP]) < 100
         weight = stats[CONSERVATIVE_WEIGHT]
         assert weight < 1 if threshold > 0 else weight > 1  # it starts at 1 and moves at each update
+
+
+def test_the_target_critics_follow_the_critics_by_tau_at_every_update(pendulum_dataset, monkeypatch):
+    params = CQLParams(**BUDGET, tau=0.05)
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
+        learner = local_learner(algorithm)
+        module = learner.module[DEFAULT_MODULE_ID]
+        steps, apply_gradients = [], learner.apply_gradients
+
+        def recorded(gradients):
+            before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+            apply_gradients(gradients)
+            steps.append((before, {name: tensor.clone() for name, tensor in module.state_dict().items()}))
+
+        monkeypatch.setattr(learner, "apply_gradients", recorded)
+        algorithm.train()
+    targets = [name for name in steps[0][0] if name.startswith("target_") and "clip_param" not in name]
+    assert len(steps) == params.updates_per_iteration and len(targets) == 12  # 3 layers' weights and biases, twice
+    assert all(torch.equal(steps[0][0][name], steps[0][0][name.removeprefix("target_")]) for name in targets)
+    for before, after in steps:  # d3rlpy's soft sync: tau of the way to the critics just stepped
+        for name in targets:
+            online = after[name.removeprefix("target_")]
+            assert not torch.equal(online, before[name.removeprefix("target_")]), name
+            torch.testing.assert_close(after[name], before[name] + params.tau * (online - before[name]))
 
 
 def test_the_entropy_temperature_learns_at_its_own_rate(pendulum_dataset):
