@@ -163,7 +163,7 @@ def d3rlpy_side(shared_path: Path, out_path: Path) -> None:
     import d3rlpy
     from d3rlpy.models.torch import get_parameter
     from d3rlpy.torch_utility import TorchMiniBatch
-    from d3rlpy_runner import copy_weights  # beside this file, which d3rlpy's virtualenv runs as a script
+    from d3rlpy_runner import copy_weights, network_parameters  # beside this file, run as a script there
 
     shared = torch.load(shared_path, weights_only=False)
     settings, batch = shared["settings"], shared["batch"]
@@ -177,8 +177,7 @@ def d3rlpy_side(shared_path: Path, out_path: Path) -> None:
     obs, actions = batch["obs"], batch["actions"]
     algo.create_impl((obs.shape[1],), actions.shape[1])
     impl, modules = algo.impl, algo.impl.modules
-    parameters = {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
-                  for name, p in getattr(modules, part).named_parameters(prefix=part)}
+    parameters = network_parameters(modules)
     log_temperature, log_weight = get_parameter(modules.log_temp), get_parameter(modules.log_alpha)
     copy_weights(modules, shared)
 

@@ -212,11 +212,16 @@ def clamp_log_std(policy, inputs, output):
     return type(output)(output.mu, output.squashed_mu, output.logstd.clamp(*RLLIB_LOG_STD_BOUNDS))
 
 
+def network_parameters(modules) -> dict:
+    """A built continuous CQL's parameters of its networks (policy, critics, target critics), by d3rlpy's names."""
+    return {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
+            for name, p in getattr(modules, part).named_parameters(prefix=part)}
+
+
 def copy_weights(modules, saved: dict) -> None:
-    """Sets a built continuous CQL's networks (policy, critics, target critics), its temperature and its conservative
-    weight to `saved`'s: our CQL's, by d3rlpy's names, as `benchmarks/cql_one_update.py` maps them."""
-    parameters = {name: p for part in ("policy", "q_funcs", "targ_q_funcs")
-                  for name, p in getattr(modules, part).named_parameters(prefix=part)}
+    """Sets a built continuous CQL's networks, its temperature and its conservative weight to `saved`'s: our CQL's, by
+    d3rlpy's names, as `benchmarks/cql_one_update.py` maps them."""
+    parameters = network_parameters(modules)
     if set(parameters) != set(saved["weights"]):
         raise SystemExit(f"the weights do not map onto d3rlpy's networks: "
                          f"{sorted(set(parameters) ^ set(saved['weights']))}")
