@@ -89,6 +89,15 @@ def test_each_setting_changes_d3rlpys_cql_as_it_says(pendulum_dataset):
     assert run.stdout.strip().splitlines()[-1].startswith("checked")
 
 
+def _train_cql(dataset, settings: dict, steps: int) -> subprocess.CompletedProcess:
+    """d3rlpy_runner.py training a small CQL on the dataset for `steps` updates (epochs of 10) with the runner's
+    `settings`, then evaluating it on one episode."""
+    return subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(dataset), "--algo",
+                           "cql", "--seed", "0", "--steps", str(steps), "--epoch-updates", "10", "--batch-size", "32",
+                           "--lr", "3e-4", "--hidden", "32", "32", "--eval-seeds", "[1]", "--config",
+                           json.dumps(settings)], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow  # our CQL built on Ray, then d3rlpy's trained briefly in its own virtualenv
 @pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
 def test_d3rlpys_cql_trains_from_our_initial_weights_with_every_setting_at_rllibs(pendulum_dataset, tmp_path):
@@ -102,10 +111,7 @@ def test_d3rlpys_cql_trains_from_our_initial_weights_with_every_setting_at_rllib
 
     settings = {"update_order": "rllib", "batch_draws": "shuffled_passes", "adam_eps": "rllib",
                 "log_std_bounds": "rllib", "temperature_loss": "rllib", "initial_weights": str(weights)}
-    run = subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(pendulum_dataset),
-                          "--algo", "cql", "--seed", "0", "--steps", "20", "--epoch-updates", "10", "--batch-size",
-                          "32", "--lr", "3e-4", "--hidden", "32", "32", "--eval-seeds", "[1]",
-                          "--config", json.dumps(settings)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = _train_cql(pendulum_dataset, settings, steps=20)
 
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -114,11 +120,7 @@ def test_d3rlpys_cql_trains_from_our_initial_weights_with_every_setting_at_rllib
 
 @pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
 def test_initial_weights_must_be_a_file(pendulum_dataset):
-    run = subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(pendulum_dataset),
-                          "--algo", "cql", "--seed", "0", "--steps", "10", "--epoch-updates", "10", "--batch-size",
-                          "32", "--lr", "3e-4", "--hidden", "32", "--eval-seeds", "[1]",
-                          "--config", json.dumps({"initial_weights": "no/such.pt"})], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+    run = _train_cql(pendulum_dataset, {"initial_weights": "no/such.pt"}, steps=10)
 
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == ("--config: initial_weights is d3rlpy or a file of weights; "
