@@ -22,7 +22,8 @@ steps is what one update from the same weights does not show.
 
 `--save-weights FILE` also writes the weights both start from, by d3rlpy's names, with the temperature and the
 conservative weight: with `--updates-before 0`, our CQL's initial weights at `--seed`, which d3rlpy_runner.py's
-`initial_weights` setting starts d3rlpy's CQL from.
+`initial_weights` setting starts d3rlpy's CQL from. `start_from` starts ours from such a file (quality_table.py's
+`--initial-weights`), d3rlpy's initial weights included (`d3rlpy_runner.py --save-initial-weights`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,48 @@ def to_d3rlpy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif (mapped := d3rlpy_name(name)) is not None:
             out[mapped] = tensor
     return out
+
+
+def from_d3rlpy(weights: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+    """`to_d3rlpy`'s inverse: by our module's parameter `names`, the tensors of `weights` (by d3rlpy's names)."""
+    out = {}
+    for name in names:
+        if name.startswith("pi."):
+            kind = name.rpartition(".")[2]
+            out[name] = torch.cat([weights[f"policy._mu.{kind}"], weights[f"policy._logstd.{kind}"]])
+        elif (mapped := d3rlpy_name(name)) is not None and mapped in weights:
+            out[name] = weights[mapped]
+    return out
+
+
+def start_from(algorithm, path: Path) -> None:
+    """Sets a built CQL of ours (`num_learners` 0) to the weights `path` holds by d3rlpy's names, its networks, entropy
+    temperature and conservative weight: our initial weights as `--save-weights` writes them, or d3rlpy's as
+    `d3rlpy_runner.py --save-initial-weights` does."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from training.algorithms.rllib_internals import local_learner
+
+    saved = torch.load(path)
+    learner = local_learner(algorithm)
+    parameters = dict(learner.module[DEFAULT_MODULE_ID].named_parameters())
+    weights = from_d3rlpy(saved["weights"], list(parameters))
+    if set(weights) != set(parameters) or set(to_d3rlpy(weights)) != set(saved["weights"]):
+        raise SystemExit(f"{path}: its weights do not map onto our CQL's networks (sizes from params.yaml's "
+                         "hidden_layers and the dataset's spaces)")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            if parameter.shape != weights[name].shape:
+                raise SystemExit(f"{path}: {name} is {tuple(weights[name].shape)} there, "
+                                 f"{tuple(parameter.shape)} in our CQL")
+            parameter.copy_(weights[name])
+        learner.curr_log_alpha[DEFAULT_MODULE_ID].fill_(saved["log_temperature"])
+        log_weight = learner.log_conservative_weights.get(DEFAULT_MODULE_ID)  # none where it is fixed
+        if log_weight is not None:
+            log_weight.fill_(saved["log_conservative_weight"])
+        elif saved["log_conservative_weight"] != 0.0:
+            raise SystemExit(f"{path}: its conservative weight is {math.exp(saved['log_conservative_weight']):.3g} "
+                             "times min_q_weight, where ours holds it at 1 (no lagrangian_threshold in params.yaml)")
 
 
 def ours(args) -> tuple[dict, dict]:

@@ -17,7 +17,8 @@ CQL"). At `rllib`:
   d3rlpy's, -t (log p - A), over t.
 `batch_draws: shuffled_passes` draws each batch from a fresh permutation of the transitions, pass after pass, as ours
 does, where d3rlpy draws every one with replacement. `initial_weights: FILE` starts from the weights of one of our
-CQLs, as `benchmarks/cql_one_update.py --save-weights FILE` writes them.
+CQLs, as `benchmarks/cql_one_update.py --save-weights FILE` writes them. `--save-initial-weights FILE` writes d3rlpy's
+own, which quality_table.py's `--initial-weights` starts ours from.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
         --seed 0 --steps 2000 --epoch-updates 1000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
@@ -233,6 +234,15 @@ def copy_weights(modules, saved: dict) -> None:
         get_parameter(modules.log_alpha).fill_(saved["log_conservative_weight"])
 
 
+def saved_weights(modules) -> dict:
+    """`copy_weights`' inverse: a built continuous CQL's networks, temperature and conservative weight, as
+    `benchmarks/cql_one_update.py --save-weights` writes ours."""
+    get_parameter = d3rlpy.models.torch.get_parameter
+    return {"weights": {name: p.detach().clone() for name, p in network_parameters(modules).items()},
+            "log_temperature": get_parameter(modules.log_temp).item(),
+            "log_conservative_weight": get_parameter(modules.log_alpha).item()}
+
+
 def draw_in_shuffled_passes(data, seed: int):
     """`data.sample_transition` (which d3rlpy's batches call once a row) drawing from a fresh permutation of the
     transitions at each pass, instead of a uniform draw with replacement."""
@@ -272,6 +282,9 @@ def main() -> None:
     parser.add_argument("--config", type=json.loads, default={},
                         help="JSON {field: value} of the d3rlpy config's own fields, over its defaults (e.g. "
                              "'{\"alpha_learning_rate\": 0}' holds CQL's conservative weight fixed)")
+    parser.add_argument("--save-initial-weights", type=Path, metavar="FILE",
+                        help="continuous CQL: write the weights it starts from (by d3rlpy's names, as "
+                             "cql_one_update.py --save-weights writes ours) and train nothing")
     args = parser.parse_args()
     if args.steps % args.epoch_updates:
         raise SystemExit(f"--epoch-updates {args.epoch_updates} does not divide --steps {args.steps}")
@@ -291,6 +304,8 @@ def main() -> None:
     like_ours = [name for name, value in probes.items() if name != "batch_draws" and value != PROBES[name][0]]
     if like_ours and not isinstance(config, d3rlpy.algos.CQLConfig):
         raise SystemExit(f"--config: {', '.join(like_ours)} applies to continuous CQL, not {type(config).__name__}")
+    if args.save_initial_weights and not isinstance(config, d3rlpy.algos.CQLConfig):
+        raise SystemExit(f"--save-initial-weights applies to continuous CQL, not {type(config).__name__}")
     if probes["adam_eps"] == "rllib":
         args.config |= {f"{part}_optim_factory": d3rlpy.optimizers.AdamFactory(eps=RLLIB_ADAM_EPS)
                         for part in ("actor", "critic", "temp", "alpha")}
@@ -304,6 +319,9 @@ def main() -> None:
         algo.impl.update_temp = types.MethodType(temperature_step_on_log, algo.impl)
     if probes["initial_weights"] != "d3rlpy":
         copy_weights(algo.impl.modules, torch.load(probes["initial_weights"]))
+    if args.save_initial_weights:
+        torch.save(saved_weights(algo.impl.modules), args.save_initial_weights)
+        return
     if probes["batch_draws"] == "shuffled_passes":
         data.sample_transition = draw_in_shuffled_passes(data, args.seed)
     # Epochs only group the updates for reporting: the batches and the updates are the same for any epoch length.

@@ -18,7 +18,9 @@ CartPole data), ours and d3rlpy's alike; `--set FIELD=VALUE` gives the learners 
 another value on every dataset measured; a cell with `per_dataset` or `--set` values says so. `--d3rlpy-set
 FIELD=VALUE` sets a field of d3rlpy's own config, to measure one of its defaults that ours lacks, or one of
 d3rlpy_runner.py's own settings (its `PROBES`: `update_order`, `batch_draws`, `adam_eps`, `log_std_bounds`,
-`temperature_loss`, `initial_weights`), which train d3rlpy's CQL as ours does in one respect each.
+`temperature_loss`, `initial_weights`), which train d3rlpy's CQL as ours does in one respect each. `--initial-weights
+FILE` starts our CQL from a file of weights by d3rlpy's names instead of its seed's draw: d3rlpy's draw, as
+`d3rlpy_runner.py --save-initial-weights` writes it, or ours (`cql_one_update.py --save-weights`).
 `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy
 acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our
 learners at a time budget instead of params.yaml's iterations, for a machine lent for a fixed time
@@ -54,6 +56,8 @@ from training.algorithms.registry import ALGORITHMS, learner_metrics, rllib_conf
 from training.config import CQLParams, DQNParams, IQLParams, LearnerParams
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as `python benchmarks/quality_table.py`: its siblings import as benchmarks.*
+    sys.path.insert(0, str(ROOT))
 SUITE = ROOT / "benchmarks" / "suite"  # the full suite's pipeline: its params, datasets and references
 
 POLICY_ALGOS = [name for name, entry in ALGORITHMS.items() if entry.policy_is_distribution]
@@ -68,13 +72,19 @@ COLUMNS = ["behaviour", *dict.fromkeys(DISCRETE_ALGOS + CONTINUOUS_ALGOS),
 
 
 def train_ours(algo: str, params: LearnerParams, dataset_dir: Path, seed: int, checkpoint: Path,
-               seconds: float | None = None) -> tuple[int, list[dict[str, float]]]:
-    """Trains for params' iterations, or until the first iteration that ends past `seconds`; returns the gradient
-    updates made and the learner's metrics at each progress line, where `on_path` says (a cell can take an hour), and
-    at the last iteration. The metrics show a learner's path (CQL's learned weight) where a score alone cannot."""
+               seconds: float | None = None,
+               initial_weights: Path | None = None) -> tuple[int, list[dict[str, float]]]:
+    """Trains for params' iterations, or until the first iteration that ends past `seconds`, from `initial_weights`
+    where given (CQL's, `--initial-weights`); returns the gradient updates made and the learner's metrics at each
+    progress line, where `on_path` says (a cell can take an hour), and at the last iteration. The metrics show a
+    learner's path (CQL's learned weight) where a score alone cannot."""
     algorithm = rllib_config(algo, params, dataset_dir, seed).build_algo()
     started, path = time.monotonic(), []
     try:
+        if initial_weights is not None:
+            from benchmarks.cql_one_update import start_from
+
+            start_from(algorithm, initial_weights)
         for iteration in range(1, params.iterations + 1):
             metrics = learner_metrics(algorithm.train())
             elapsed = time.monotonic() - started
@@ -225,6 +235,10 @@ def main() -> None:
     parser.add_argument("--train-seconds", type=float,
                         help="our learners stop after the first iteration that ends past this many seconds (a lent "
                              "machine's fixed time); each cell records the updates its seeds made")
+    parser.add_argument("--initial-weights", type=Path, metavar="FILE",
+                        help="our CQL starts from these weights, not its seed's draw: a file by d3rlpy's names, as "
+                             "cql_one_update.py --save-weights writes ours and d3rlpy_runner.py --save-initial-weights "
+                             "d3rlpy's (needs --algos naming cql and no other learner of ours); the cells say so")
     parser.add_argument("--update", action="store_true",
                         help="keep what OUT/quality.json holds and replace only the cells measured now")
     parser.add_argument("--sample-actions", action="store_true",
@@ -241,6 +255,11 @@ def main() -> None:
     if args.train_seconds is not None and not args.no_d3rlpy and (
             args.algos is None or any(column.startswith("d3rlpy") for column in args.algos)):
         parser.error("--train-seconds applies to our learners only: add --no-d3rlpy, or --algos without d3rlpy's")
+    if args.initial_weights and [column for column in args.algos or [] if not column.startswith("d3rlpy")] != ["cql"]:
+        parser.error("--initial-weights starts our CQL alone: add --algos naming cql and no other learner of ours")
+    if args.initial_weights and not args.initial_weights.is_file():
+        parser.error(f"--initial-weights: {args.initial_weights} is no file; write one with cql_one_update.py "
+                     "--save-weights or d3rlpy_runner.py --save-initial-weights")
 
     params = load_params(args.params)
     measured = args.out / "quality.json"
@@ -290,7 +309,9 @@ def main() -> None:
             base = dataclasses.replace(configured.for_dataset(name), **overrides)
             algo_params = dataclasses.replace(base, iterations=base.iterations * args.updates_scale)
             d3rlpy_config = dict(args.d3rlpy_set) if column.startswith("d3rlpy") else {}
-            overrides = {**overrides, **d3rlpy_config}
+            initial_weights = args.initial_weights if column == "cql" else None
+            overrides = {**overrides, **d3rlpy_config,
+                         **({"initial_weights": str(initial_weights)} if initial_weights else {})}
             settings = dataclasses.asdict(CellSettings(overrides, args.updates_scale, args.sample_actions,
                                                        args.train_seconds, algo_params.hyper_parameters()))
             scores = kept_scores(entry, column, settings)
@@ -306,7 +327,7 @@ def main() -> None:
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
                         updates, path = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
-                                                   args.train_seconds)
+                                                   args.train_seconds, initial_weights)
                         entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates
                         policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
                                               greedy=not args.sample_actions)

@@ -1,8 +1,8 @@
 """benchmarks/d3rlpy_runner.py's own settings, run in d3rlpy's virtualenv on a real Pendulum dataset: in RLlib's
 order (`update_order: rllib`) d3rlpy's CQL steps its policy by the gradient its loss has under the critics before
 their step; in shuffled passes (`batch_draws: shuffled_passes`) every transition is drawn once a pass; RLlib's
-temperature loss gives log t d3rlpy's gradient over t; RLlib's bounds clamp the policy's log-deviations; and d3rlpy's
-CQL trains from our CQL's initial weights with every setting at RLlib's."""
+temperature loss gives log t d3rlpy's gradient over t; RLlib's bounds clamp the policy's log-deviations; d3rlpy's
+CQL trains from our CQL's initial weights with every setting at RLlib's; and ours starts from d3rlpy's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from benchmarks.quality_table import D3RLPY_PYTHON
-from tests.conftest import REPO, run_benchmark
+from tests.conftest import REPO, built_algorithm, run_benchmark
 
 # Two CQLs built from one seed; one is stepped by hand from the critics as built, the other by `rllib_order_update`
 # from the same torch seed. Their policies must agree, while the second's critics moved.
@@ -89,13 +89,14 @@ def test_each_setting_changes_d3rlpys_cql_as_it_says(pendulum_dataset):
     assert run.stdout.strip().splitlines()[-1].startswith("checked")
 
 
-def _train_cql(dataset, settings: dict, steps: int) -> subprocess.CompletedProcess:
+def _train_cql(dataset, settings: dict, steps: int, *args) -> subprocess.CompletedProcess:
     """d3rlpy_runner.py training a small CQL on the dataset for `steps` updates (epochs of 10) with the runner's
     `settings`, then evaluating it on one episode."""
     return subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(dataset), "--algo",
                            "cql", "--seed", "0", "--steps", str(steps), "--epoch-updates", "10", "--batch-size", "32",
                            "--lr", "3e-4", "--hidden", "32", "32", "--eval-seeds", "[1]", "--config",
-                           json.dumps(settings)], cwd=REPO, capture_output=True, text=True, timeout=600)
+                           json.dumps(settings), *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.mark.slow  # our CQL built on Ray, then d3rlpy's trained briefly in its own virtualenv
@@ -125,3 +126,27 @@ def test_initial_weights_must_be_a_file(pendulum_dataset):
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == ("--config: initial_weights is d3rlpy or a file of weights; "
                                                    "no/such.pt is no file")
+
+
+@pytest.mark.slow  # d3rlpy's virtualenv builds a small CQL, then ours is built on Ray
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_our_cql_starts_from_d3rlpys_initial_weights(pendulum_dataset, tmp_path):
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from benchmarks.cql_one_update import start_from, to_d3rlpy
+    from training.algorithms.rllib_internals import local_learner
+    from training.config import CQLParams
+
+    weights = tmp_path / "d3rlpy.pt"
+    run = _train_cql(pendulum_dataset, {}, 10, "--save-initial-weights", weights)
+    assert run.returncode == 0, run.stderr[-3000:]
+    saved = torch.load(weights)
+
+    params = CQLParams(iterations=1, updates_per_iteration=2, batch_size=32, hidden_layers=[32, 32])
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
+        start_from(algorithm, weights)
+        ours = to_d3rlpy(local_learner(algorithm).module[DEFAULT_MODULE_ID].state_dict())
+
+    assert set(ours) == set(saved["weights"])
+    assert all(torch.equal(ours[name], saved["weights"][name]) for name in ours)

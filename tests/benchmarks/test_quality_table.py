@@ -1,7 +1,8 @@
 """benchmarks/quality_table.py's table: a cell trained for a time budget (`--train-seconds`) says how many updates
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
 same hyper-parameters, and keeps the evaluation returns of those seeds alone; `--pool` joins the seeds of runs made
-apart, refusing what one cell cannot hold. A cell keeps its learner's metrics at each progress line, d3rlpy's too."""
+apart, refusing what one cell cannot hold. A cell keeps its learner's metrics at each progress line, d3rlpy's too.
+`--initial-weights` starts our CQL alone, from a file."""
 
 from __future__ import annotations
 
@@ -111,6 +112,21 @@ def test_pool_with_update_keeps_outs_own_cells_and_writes_the_table(tmp_path, mo
     row = "| HalfCheetah-v5 | halfcheetah-random | 1.2 | 9.0 ± 1.0 (iterations 50, 2 seeds) | 12.0 (iterations 50) |"
     assert row in (tmp_path / "out" / "quality.md").read_text().splitlines()
     assert (tmp_path / "out" / "quality.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("algos, weights, message", [
+    (["cql"], "no.pt", "no.pt is no file; write one with cql_one_update.py --save-weights"),
+    (["cql", "iql", "d3rlpy-cql"], "weights.pt", "starts our CQL alone: add --algos naming cql and no other"),
+    ([], "weights.pt", "starts our CQL alone")])
+def test_initial_weights_start_our_cql_alone_from_a_file(algos, weights, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "weights.pt").write_bytes(b"")
+    monkeypatch.setattr(sys, "argv", ["quality_table.py", *(["--algos", *algos] if algos else []),
+                                      "--initial-weights", str(tmp_path / weights), "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # 25 tiny iterations
