@@ -111,11 +111,12 @@ def start_from(algorithm, path: Path) -> None:
     if set(weights) != set(parameters) or set(to_d3rlpy(weights)) != set(saved["weights"]):
         raise SystemExit(f"{path}: its weights do not map onto our CQL's networks (sizes from params.yaml's "
                          "hidden_layers and the dataset's spaces)")
+    for name, parameter in parameters.items():  # all checked before any is set
+        if parameter.shape != weights[name].shape:
+            raise SystemExit(f"{path}: {name} is {tuple(weights[name].shape)} there, "
+                             f"{tuple(parameter.shape)} in our CQL")
     with torch.no_grad():
         for name, parameter in parameters.items():
-            if parameter.shape != weights[name].shape:
-                raise SystemExit(f"{path}: {name} is {tuple(weights[name].shape)} there, "
-                                 f"{tuple(parameter.shape)} in our CQL")
             parameter.copy_(weights[name])
         learner.curr_log_alpha[DEFAULT_MODULE_ID].fill_(saved["log_temperature"])
         log_weight = learner.log_conservative_weights.get(DEFAULT_MODULE_ID)  # none where it is fixed
