@@ -91,7 +91,8 @@ def test_each_setting_changes_d3rlpys_cql_as_it_says(pendulum_dataset):
 
 def _train_cql(dataset, settings: dict, steps: int, *args) -> subprocess.CompletedProcess:
     """d3rlpy_runner.py training a small CQL on the dataset for `steps` updates (epochs of 10) with the runner's
-    `settings`, then evaluating it on one episode."""
+    `settings`, then evaluating it on one episode; `args`, more of its options (`--save-initial-weights` trains
+    nothing)."""
     return subprocess.run([str(D3RLPY_PYTHON), "benchmarks/d3rlpy_runner.py", "--dataset", str(dataset), "--algo",
                            "cql", "--seed", "0", "--steps", str(steps), "--epoch-updates", "10", "--batch-size", "32",
                            "--lr", "3e-4", "--hidden", "32", "32", "--eval-seeds", "[1]", "--config",
