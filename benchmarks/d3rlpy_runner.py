@@ -56,10 +56,7 @@ def load(dataset_dir: Path):
                              for path in files)
 
     def column(name: str) -> np.ndarray:
-        values = table.column(name).combine_chunks()
-        if pa.types.is_fixed_size_list(values.type):
-            return values.flatten().to_numpy().reshape(len(values), values.type.list_size).astype(np.float32)
-        return values.to_numpy(zero_copy_only=False).astype(np.float32)
+        return numpy_column(table, name)
 
     actions = column("actions")
     actions = actions.astype(np.int64) if discrete else actions.reshape(len(actions), -1)
@@ -78,6 +75,14 @@ def load(dataset_dir: Path):
         terminals=terminals, timeouts=column("truncateds") * (1 - terminals),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS, **stacking,
     )
+
+
+def numpy_column(table: pa.Table, name: str) -> np.ndarray:
+    """A column of the dataset's rows as float32, a fixed-size list column as a 2-D array."""
+    values = table.column(name).combine_chunks()
+    if pa.types.is_fixed_size_list(values.type):
+        return values.flatten().to_numpy().reshape(len(values), values.type.list_size).astype(np.float32)
+    return values.to_numpy(zero_copy_only=False).astype(np.float32)
 
 
 NOT_OBSERVATIONS = ["actions", "rewards", "terminateds", "truncateds"]

@@ -20,23 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from d3rlpy_runner import image_stack, load  # beside this file, run as a script there
+from d3rlpy_runner import image_stack, load, numpy_column  # beside this file, run as a script there
 
 COLUMNS = ["obs", "actions", "rewards", "new_obs", "terminateds"]
 
 
 def rows(dataset_dir: Path) -> dict[str, np.ndarray]:
-    """The dataset's columns that one-step learners read, as 2-D float arrays (flags as bools), in row order."""
+    """The dataset's columns that one-step learners read, in row order (`numpy_column`'s arrays)."""
     card = json.loads((dataset_dir / "_card.json").read_text())
     table = pa.concat_tables(pq.read_table(dataset_dir / f["path"], columns=COLUMNS) for f in card["files"])
-    out = {}
-    for name in COLUMNS:
-        values = table.column(name).combine_chunks()
-        if pa.types.is_fixed_size_list(values.type):
-            out[name] = values.flatten().to_numpy().reshape(len(values), values.type.list_size)
-        else:
-            out[name] = values.to_numpy(zero_copy_only=False).reshape(len(values), -1)
-    return out
+    return {name: numpy_column(table, name) for name in COLUMNS}
 
 
 def compare(dataset_dir: Path) -> dict:
@@ -54,7 +47,7 @@ def compare(dataset_dir: Path) -> dict:
             if not theirs.terminal:
                 pairs.append((theirs.next_observation, ours["new_obs"][row]))
             largest = max(largest, *(float(np.abs(np.asarray(a, np.float64) - b).max()) for a, b in pairs))
-            flags_differ += bool(theirs.terminal) != bool(ours["terminateds"][row, 0])
+            flags_differ += bool(theirs.terminal) != bool(ours["terminateds"][row])
         first_row += episode.size()
     if first_row != len(ours["obs"]):
         raise SystemExit(f"d3rlpy's episodes hold {first_row} steps, {dataset_dir} {len(ours['obs'])} rows")
