@@ -25,19 +25,19 @@ from d3rlpy_runner import image_stack, load, numpy_column  # beside this file, r
 COLUMNS = ["obs", "actions", "rewards", "new_obs", "terminateds"]
 
 
-def rows(dataset_dir: Path) -> dict[str, np.ndarray]:
+def rows(dataset_dir: Path, card: dict) -> dict[str, np.ndarray]:
     """The dataset's columns that one-step learners read, in row order (`numpy_column`'s arrays)."""
-    card = json.loads((dataset_dir / "_card.json").read_text())
     table = pa.concat_tables(pq.read_table(dataset_dir / f["path"], columns=COLUMNS) for f in card["files"])
     return {name: numpy_column(table, name) for name in COLUMNS}
 
 
 def compare(dataset_dir: Path) -> dict:
     """d3rlpy's transitions, drawn by its own transition picker, against the rows: see the module's docstring."""
-    if image_stack(json.loads((dataset_dir / "_card.json").read_text())) is not None:
+    card = json.loads((dataset_dir / "_card.json").read_text())
+    if image_stack(card) is not None:
         raise SystemExit(f"{dataset_dir} holds stacked frames; this compares vector datasets")
-    _, _, data = load(dataset_dir)
-    ours = rows(dataset_dir)
+    _, _, data = load(dataset_dir)  # its own read of the rows, d3rlpy's side of the comparison
+    ours = rows(dataset_dir, card)
     largest, flags_differ, first_row = 0.0, 0, 0
     for episode in data.episodes:  # in row order, each of its steps a row
         for index in range(episode.transition_count):
