@@ -55,24 +55,21 @@ def load(dataset_dir: Path):
     table = pa.concat_tables(pq.read_table(path, columns=None if frames is None else NOT_OBSERVATIONS)
                              for path in files)
 
-    def column(name: str) -> np.ndarray:
-        return numpy_column(table, name)
-
-    actions = column("actions")
+    actions = numpy_column(table, "actions")
     actions = actions.astype(np.int64) if discrete else actions.reshape(len(actions), -1)
     stacking = {}
     if frames is None:
-        observations = column("obs")
+        observations = numpy_column(table, "obs")
     else:
         observations = newest_frames(files, frames)
         stacking = dict(transition_picker=d3rlpy.dataset.FrameStackTransitionPicker(n_frames=frames[0]),
                         trajectory_slicer=d3rlpy.dataset.FrameStackTrajectorySlicer(n_frames=frames[0]))
     # d3rlpy splits episodes at terminal or timeout flags, and refuses a step flagged both, which Gymnasium allows (a
     # hopper falling at the time limit's step): that step ends by termination, with no value beyond it.
-    terminals = column("terminateds")
+    terminals = numpy_column(table, "terminateds")
     return card, discrete, d3rlpy.dataset.MDPDataset(
-        observations=observations, actions=actions, rewards=column("rewards"),
-        terminals=terminals, timeouts=column("truncateds") * (1 - terminals),
+        observations=observations, actions=actions, rewards=numpy_column(table, "rewards"),
+        terminals=terminals, timeouts=numpy_column(table, "truncateds") * (1 - terminals),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS, **stacking,
     )
 
