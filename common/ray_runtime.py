@@ -63,6 +63,10 @@ def exit_on_sigterm() -> None:
 
 IDLE_WORKER_MS = 10_000  # how long a local Ray keeps an idle worker process for the next task
 
+# How Ray 2.60's ray.init starts the message of the bare Exception it raises where a new local node has not
+# registered within 30 s (node.py's raylet_start_wait_time_s, which no setting changes): a loaded machine runs past it.
+LOCAL_START_TIMEOUT = "The current node timed out during startup"
+
 
 def start_ray(num_cpus: int) -> None:
     """Connects to RAY_ADDRESS when set; otherwise starts a local Ray of `num_cpus` CPUs (params' ray.num_cpus)."""
@@ -90,7 +94,14 @@ def start_ray(num_cpus: int) -> None:
         # idle_worker_killing_time_threshold_ms, read from RAY_<name>): collection wrote each file from a new
         # worker, 15 % of a 2-core Pong collection's time (benchmarks/README.md, "Frames stored once").
         os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_MS))
-        ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
+        try:
+            ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster
+        except Exception as err:
+            if not str(err).startswith(LOCAL_START_TIMEOUT):
+                raise
+            raise UserError(f"a local Ray did not start within Ray's fixed 30 s: the machine is busy (load "
+                            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); run again when it is less "
+                            "loaded, or set RAY_ADDRESS to a running cluster") from None
     exit_on_sigterm()  # Python's signal.signal replaces the C handler too
     # After ray.init, so Ray's own processes keep the real stderr; a killed `orl` leaves none of its local Ray's.
     start_companion(reap_local_ray=not on_cluster)

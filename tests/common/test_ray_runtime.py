@@ -30,3 +30,23 @@ def test_a_process_that_imported_ray_first_starts_it_with_token_auth_and_no_noti
     assert result.stdout.splitlines()[-1] == "token"
     assert "Token authentication" not in result.stderr
     assert "WARNING" not in result.stderr, result.stderr
+
+
+def test_a_local_ray_that_does_not_start_in_time_ends_in_one_line_naming_the_load():
+    # Ray 2.60's own failure on a loaded machine, which no setting lengthens: raised by ray.init as it raises it.
+    script = textwrap.dedent("""
+        import ray
+        from common.errors import exit_on_user_error
+        from common.ray_runtime import LOCAL_START_TIMEOUT, start_ray
+        def timed_out(**kwargs):
+            raise Exception(LOCAL_START_TIMEOUT + ". This could happen because some of the raylet failed to startup.")
+        ray.init = timed_out
+        exit_on_user_error(lambda: start_ray(1))
+    """)
+    env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False, env=env)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "a local Ray did not start within Ray's fixed 30 s" in result.stderr
+    assert "load" in result.stderr and "RAY_ADDRESS" in result.stderr
