@@ -1,0 +1,64 @@
+"""The Markdown docs: every relative link names a file that exists, and every #fragment a heading in it."""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote
+
+from tests.conftest import REPO
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCE = "```"
+
+
+def docs() -> list[Path]:
+    """The committed Markdown we write; the results' tables and reports are written by scripts."""
+    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [REPO / name for name in listed.split() if not name.startswith(("benchmarks/results/", "reports/"))]
+
+
+def outside_code(path: Path) -> list[tuple[int, str]]:
+    """The file's numbered lines, less those in fenced code blocks."""
+    lines, in_code = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith(FENCE):
+            in_code = not in_code
+        elif not in_code:
+            lines.append((number, line))
+    return lines
+
+
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
+    """The fragments GitHub gives the file's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading's with -1, -2, ..."""
+    seen: dict[str, int] = {}
+    fragments = set()
+    for _, line in outside_code(path):
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).lower()
+            slug = re.sub(r"[^\w\- ]", "", text).strip().replace(" ", "-")
+            seen[slug] = seen.get(slug, -1) + 1
+            fragments.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return frozenset(fragments)
+
+
+def test_every_relative_link_and_anchor_in_the_docs_resolves():
+    broken = []
+    for doc in docs():
+        for number, line in outside_code(doc):
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                path, _, fragment = target.partition("#")
+                destination = (doc.parent / unquote(path)).resolve() if path else doc
+                where = f"{doc.relative_to(REPO)}:{number}: {target}"
+                if not destination.exists():
+                    broken.append(f"{where} (no such file)")
+                elif fragment and destination.suffix == ".md" and fragment not in anchors(destination):
+                    broken.append(f"{where} (no such heading)")
+    assert not broken, "\n".join(broken)
