@@ -242,7 +242,7 @@ class CQLParams(LearnerParams):
     """Learning rate of the multiplier's log (d3rlpy's `alpha_learning_rate`)."""
     temperature_lr: float = 1e-4
     """Learning rate of the log of SAC's entropy temperature, which the policy's loss weighs its entropy by (RLlib's
-    `alpha_lr`, 3e-4 there): the actor's rate, as the CQL paper's code, CORL and d3rlpy learn it."""
+    `alpha_lr`, 3e-4 there): by default `actor_lr`'s default, as the CQL paper's code, CORL and d3rlpy learn it."""
     target_action: str = MEAN
     """The next state's action at which the target critics are evaluated, with no entropy term either way: the
     policy's `mean` (d3rlpy's default, its `soft_q_backup=False`), or `sampled` from the policy (RLlib's, the CQL
