@@ -54,6 +54,14 @@ ACROBOT_EXPERT = PolicyConfig(kind="callable", callable="examples.controllers:ac
 PENDULUM_EXPERT = PolicyConfig(kind="callable", callable="examples.controllers:pendulum")
 
 
+def repo_files(pattern: str) -> list[Path]:
+    """The repository's files matching the git pathspec `pattern`, new ones included; never what git ignores
+    (virtualenvs, MLflow's artifact copies of our code)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", pattern],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    return sorted(REPO / name for name in listed if (REPO / name).is_file())
+
+
 def mixture(base: PolicyConfig, epsilon: float, **options) -> PolicyConfig:
     return PolicyConfig(kind="mixture", base=base, epsilon=epsilon, **options)
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
 from pathlib import Path
 from urllib.parse import unquote
 
-from tests.conftest import REPO
+from tests.conftest import REPO, repo_files
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = "```"
 
 
 def docs() -> list[Path]:
-    """The committed Markdown we write; the results' tables and reports are written by scripts."""
-    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return [REPO / name for name in listed.split() if not name.startswith(("benchmarks/results/", "reports/"))]
+    """The Markdown we write; the results' tables and reports are written by scripts."""
+    written = (REPO / "benchmarks" / "results", REPO / "reports")
+    return [path for path in repo_files("*.md") if not any(path.is_relative_to(folder) for folder in written)]
 
 
 def outside_code(path: Path) -> list[tuple[int, str]]:

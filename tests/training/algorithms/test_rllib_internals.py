@@ -5,12 +5,11 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import inspect
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PACKAGES, REPO
+from tests.conftest import PACKAGES, REPO, repo_files
 from training.algorithms import rllib_internals
 from training.algorithms.rllib_internals import HOOKS, WRITTEN_FOR, resolve
 
@@ -39,12 +38,8 @@ def test_each_hook_is_still_in_the_installed_source(key):
 
 
 def _python_files(*folders: str) -> list[Path]:
-    """The repository's Python files under `folders` (all of them by default), new ones included; never what git
-    ignores (virtualenvs, MLflow's artifact copies of our code)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    return sorted(REPO / name for name in listed
-                  if (not folders or Path(name).parts[0] in folders) and (REPO / name).is_file())
+    """The repository's Python files under `folders` (all of them by default)."""
+    return [path for path in repo_files("*.py") if not folders or path.relative_to(REPO).parts[0] in folders]
 
 
 # Public names that start with an underscore: os._exit (the end of a forked child, pipelines/warm.py).
