@@ -55,13 +55,13 @@ quality-table: setup $(D3RLPY_VENV)/.installed
 suite: setup
 	cd benchmarks/suite && PATH="$(CURDIR)/$(BIN):$$PATH" orl repro
 
-# The Atari suite (benchmarks/README.md, "The Atari suite"): Pong and Breakout datasets of over 1M transitions and
+# The Atari suite (benchmarks/atari.md): Pong and Breakout datasets of over 1M transitions and
 # the discrete learners with the Nature DQN's CNN, in the same way; on 2 CPU cores it runs for many hours.
 .PHONY: suite-atari
 suite-atari: setup
 	cd benchmarks/atari && PATH="$(CURDIR)/$(BIN):$$PATH" orl repro
 
-# The MuJoCo suite (benchmarks/README.md, "The MuJoCo suite"): HalfCheetah and Hopper datasets of 1M transitions from
+# The MuJoCo suite (benchmarks/mujoco.md): HalfCheetah and Hopper datasets of 1M transitions from
 # random play and policies PPO trains online, and BC, CQL and IQL, in the same way; hours on 2 CPU cores.
 .PHONY: suite-mujoco
 suite-mujoco: setup

@@ -1,13 +1,13 @@
 """Trains one d3rlpy algorithm on one of our Parquet datasets and evaluates it; prints one JSON line.
 
-Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/README.md), so it
+Runs in its own virtualenv (d3rlpy pins another gymnasium than ray[rllib]; see benchmarks/quality.md), so it
 imports nothing from this project but common/envs.py (gymnasium alone), to make the environment as every stage
 does from the spec the card records: the dataset is read with pyarrow alone, by the column names the dataset
 card lists. The JSON holds the evaluation's returns and d3rlpy's own metrics (its loss terms, CQL's learned weight
 `alpha`), the means of each epoch of `--epoch-updates` updates.
 
 Settings of the runner's own (`PROBES`), passed in `--config` beside d3rlpy's fields, change how d3rlpy's continuous
-CQL trains to what ours does, one respect each, to find where the two part (benchmarks/README.md, "Level with d3rlpy's
+CQL trains to what ours does, one respect each, to find where the two part (benchmarks/mujoco.md, "Level with d3rlpy's
 CQL"). At `rllib`:
 - `update_order` computes the policy's loss from the critics before their step (d3rlpy steps its critics, then
   computes it), as RLlib's learner takes every loss before any step;

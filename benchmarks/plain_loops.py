@@ -7,7 +7,7 @@
 
 Batches are drawn uniformly with replacement, as d3rlpy draws them, or with `--sampling passes` from a fresh
 permutation of all rows at each pass, as our learners draw a dataset they hold in memory. The loops separate what an
-algorithm does on some data from what RLlib or d3rlpy add: benchmarks/README.md's parity notes compare their scores
+algorithm does on some data from what RLlib or d3rlpy add: benchmarks/quality.md's parity notes compare their scores
 with our learners' and d3rlpy's. Evaluated greedily on the pipeline's evaluation seeds, normalized with the
 references the quality table uses.
 

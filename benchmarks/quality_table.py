@@ -8,7 +8,7 @@ evaluation seeds (`evaluate` in params.yaml); cells are normalized score mean ±
 
     python benchmarks/quality_table.py --datasets cartpole-medium cartpole-expert --seeds 0 1 2
 
-d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/README.md); `--no-d3rlpy` leaves it out.
+d3rlpy runs in its own virtualenv (`--d3rlpy-python`, see benchmarks/quality.md); `--no-d3rlpy` leaves it out.
 Writes OUT/quality.md, OUT/quality.json (every per-seed score and each evaluation episode's return, with each cell's
 training seeds, updates scale, values set and hyper-parameters) and OUT/quality.png, after every cell; `--update`
 keeps the cells (dataset, learner) not measured in this run, and a measured cell's scores on other seeds where it

@@ -94,7 +94,7 @@ class CollectConfig:
     """Environments per actor, stepped in lockstep so the policy acts on a batch of observations."""
     episodes_per_task: int = 100
     """Episodes in one unit of work handed to an actor. Memory holds a few tasks per collector, and each task
-    costs Ray Data some scheduling: raise it for large collections of short episodes (benchmarks/README.md,
+    costs Ray Data some scheduling: raise it for large collections of short episodes (benchmarks/throughput.md,
     Collection)."""
     file_mib: float = 128.0
     """Size of a Parquet file, in MiB of rows in memory: tasks' rows are combined, in order, until they reach

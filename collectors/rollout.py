@@ -146,7 +146,7 @@ class EpisodeRunner:
 def _in_order(values: list, order: np.ndarray) -> np.ndarray:
     """A column of per-step values, its rows in `order`. Arrays (observations, Box actions) are stacked in that order,
     one copy of each: a stacked array of frames indexed by `order` copied them all again, far slower than a copy
-    (benchmarks/README.md, "Frames in order")."""
+    (benchmarks/throughput.md, "Frames in order")."""
     if isinstance(values[0], np.ndarray) and values[0].ndim:
         return np.stack([values[i] for i in order])
     return np.asarray(values)[order]

@@ -92,7 +92,7 @@ def start_ray(num_cpus: int) -> None:
     else:
         # A fresh worker costs about a second of CPU, and Ray 2.60 ends an idle one after 1 s (its raylet's
         # idle_worker_killing_time_threshold_ms, read from RAY_<name>): collection wrote each file from a new
-        # worker, 15 % of a 2-core Pong collection's time (benchmarks/README.md, "Frames stored once").
+        # worker, 15 % of a 2-core Pong collection's time (benchmarks/throughput.md, "Frames stored once").
         os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_MS))
         try:
             ray.init(address="local", num_cpus=num_cpus, **settings)  # never join a stray local cluster

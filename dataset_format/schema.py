@@ -115,7 +115,7 @@ def observation_value_type(space: gym.spaces.Box) -> pa.DataType:
 def stored_as_bytes(space: gym.Space) -> bool:
     """Images (uint8 Boxes of 2 or more dimensions) are stored as binary values, each frame one (version 3; version 2
     stored the whole image as one): Parquet stores a list column value by value, a level beside each, which made
-    writing and reading frames 10-30x slower than the same bytes as one value (benchmarks/README.md, "Frames as
+    writing and reading frames 10-30x slower than the same bytes as one value (benchmarks/throughput.md, "Frames as
     bytes")."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) >= 2
 

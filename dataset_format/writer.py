@@ -29,7 +29,7 @@ FILE_NAME = re.compile(rf"^{FILE_PREFIX}-\d{{5}}\.parquet$")
 # Row groups of a fixed row count, not one per collector task: readers get groups worth reading, and a file's
 # bytes do not depend on how the work was split. Rows of frames come fewer to a group: a group is decoded whole, and
 # one of a task's 224 MB of Pong frames took several times the time and memory of 32 MiB groups to read
-# (benchmarks/README.md, "Frames streamed").
+# (benchmarks/throughput.md, "Frames streamed").
 ROW_GROUP_ROWS = 2**17
 ROW_GROUP_BYTES = 32 * 2**20
 

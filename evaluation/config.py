@@ -22,7 +22,7 @@ class EvaluateConfig:
     sample_actions: bool = False
     """BC, MARWIL and IQL sample their actions, as a behaviour policy that samples its own did to make the data,
     instead of taking the most likely one (as d3rlpy and most papers evaluate). On data from such a policy the
-    two readings differ most (benchmarks/README.md's quality table). The Q-learners (DQN, CQL) always act
+    two readings differ most (benchmarks/quality.md). The Q-learners (DQN, CQL) always act
     greedily."""
 
     def __post_init__(self):
@@ -103,13 +103,13 @@ class OPEConfig:
     `model_epochs`."""
     model_epochs: float = 5.0
     """Passes over the logged transitions each dynamics network makes, at least: on large datasets `model_updates`
-    alone would see each transition once or less, and the model's dynamics drift (benchmarks/README.md, "The model's
+    alone would see each transition once or less, and the model's dynamics drift (benchmarks/ope.md, "The model's
     hopper fell early")."""
     model_unroll_steps: int = 1
     """Steps ahead each dynamics network learns to predict from its own predictions: 1, one step at a time alone; K > 1,
     after that fit, `model_unroll_updates` more on K-step stretches of logged episodes, each step from the state the
     network predicted and the loss on every step's state against the logged one (a multi-step loss), so that the
-    errors that compound over a rollout are fitted against (benchmarks/README.md, "The walker the model let fall")."""
+    errors that compound over a rollout are fitted against (benchmarks/ope.md, "The walker the model let fall")."""
     model_unroll_updates: int = 2000
     """Gradient steps of each dynamics network on K-step stretches, where `model_unroll_steps` is K > 1."""
     model_halt_quantile: float = 1.0
@@ -120,7 +120,7 @@ class OPEConfig:
     """A model rollout also halts, as where its networks part, where a state it reaches lies outside the logged
     states' range by more than this share of the range, in any dimension: null, it is held within that range and goes
     on (a lander the model flew off the logged map then hovers at its edge, earning its penalties for the rest of the
-    horizon; benchmarks/README.md, "Rollouts that leave the map")."""
+    horizon; benchmarks/ope.md, "Rollouts that leave the map")."""
     bootstrap_samples: int = 200
     """Resamples of the episodes (with replacement) behind each confidence interval."""
     confidence: float = 0.95

@@ -5,7 +5,7 @@ that does not end the episode; each is fitted on its own resample of those trans
 Deep Off-Policy Evaluation", found such models among the strongest estimators). How episodes end has networks of its
 own, since a step that ends one may jump where no other step goes (a lander's crash: a velocity's change and a -100
 that the state before hardly tells, which a mean over all steps would smear over every step near the ground, measured
-in benchmarks/README.md):
+in benchmarks/ope.md):
 - from the state and the action, the chance that the step ends the episode, and the reward it earns if it does;
 - from the state reached, the chance that it is an ending: a function of that state in most tasks (a pole past its
   angle, a tip above the line, a hopper fallen), which a network learns more surely than composed with the dynamics.
@@ -14,13 +14,13 @@ reward and the going-on one, weighed by the chance told from the state and the a
 from the first state of each episode estimated on, up to the horizon, and its return is the mean over episodes and
 networks. Each step's reward counts at the rollout's chance of not having ended before it: an ending the data shows as
 likely but not certain (a lander touching down fast) then ends a share of the rollouts, where a cut at even odds would
-let them all fly on, earning rewards to the time limit (measured on LunarLander, benchmarks/README.md).
+let them all fly on, earning rewards to the time limit (measured on LunarLander, benchmarks/ope.md).
 Unlike FQE's values, held within the logged returns-to-go, a model's rollout can find a policy better than every logged
 episode; it is held only within the logged states and rewards, step by step.
 
 A rollout feeds each network its own predictions, step after step, and errors too small to see in one step compound:
 on Hopper a network that predicts a walker's every step within a few percent of its standard deviation lets it fall
-within 200 steps where the walker goes on for 1,000 (benchmarks/README.md). `model_unroll_steps` > 1 then fits each
+within 200 steps where the walker goes on for 1,000 (benchmarks/ope.md). `model_unroll_steps` > 1 then fits each
 network, after its one-step fit, on stretches of logged steps unrolled from its own predictions (a multi-step loss, as
 in Lambert et al. 2021, "Learning accurate long-term dynamics for model-based reinforcement learning").
 
@@ -33,7 +33,7 @@ episode); the halt gives it the worst the data shows at that step, and the share
 the policy left the data. Networks that agree where they are wrong do not halt. With `model_halt_margin`, a rollout
 also halts where a state it reaches lies outside the logged states' range by more than that share of it: held at the
 range's edge instead, a lander the networks flew off the logged map hovers there, earning its penalties to the
-horizon (benchmarks/README.md).
+horizon (benchmarks/ope.md).
 
 Vector observations only: a model of images or of Discrete states would need another kind of network. And data
 where some steps go on: of one-step episodes (a contextual bandit's), there are no dynamics to learn.

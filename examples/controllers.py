@@ -74,7 +74,7 @@ _PONG_PADDLE_COLUMN = 74  # ours, on the right
 _PONG_BACKGROUND = 87
 _PONG_UP, _PONG_DOWN, _PONG_NOOP = 2, 3, 0  # ALE's RIGHT and LEFT move our paddle up and down
 # How far (in rows) the predicted crossing may be from where the paddle would coast to before it moves. Scores
-# hardly change between 3 and 8 rows (benchmarks/README.md, "The Pong expert").
+# hardly change between 3 and 8 rows (benchmarks/atari.md, "The Pong expert").
 _PONG_DEAD_BAND = 6.0
 
 
@@ -145,7 +145,7 @@ _BREAKOUT_PADDLE_ROW = 76
 _BREAKOUT_NOOP, _BREAKOUT_FIRE, _BREAKOUT_RIGHT, _BREAKOUT_LEFT = 0, 1, 2, 3
 # How far (in columns) the predicted landing may be from where the paddle would coast to before it moves, and how
 # much of its last step the paddle is expected to coast on: the joystick turns ALE's paddle knob, which moves the
-# paddle over two or three steps after each press (benchmarks/README.md, "The Breakout expert").
+# paddle over two or three steps after each press (benchmarks/atari.md, "The Breakout expert").
 _BREAKOUT_DEAD_BAND = 6.0
 _BREAKOUT_COASTING = 0.5
 

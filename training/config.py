@@ -66,7 +66,7 @@ class LearnerParams:
     """For datasets that stream: memory for the row groups a learner reads and maps ahead of its updates, beside
     its shuffle buffer (at least one run of row groups). With the buffer, it bounds a learner's memory whatever the
     dataset's size; 256 let the learner grow by a quarter from 1M to 10M transitions, for no gain in speed
-    (benchmarks/README.md, Scale out)."""
+    (benchmarks/throughput.md, Scale out)."""
     num_learners: int = 0
     """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
@@ -79,7 +79,7 @@ class LearnerParams:
     one's batches are made on the CPU and moved to the GPU per update."""
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other values of these keys for some datasets, by dataset name, e.g. `{lunarlander-medium: {beta: 0.1}}`:
-    good values differ between environments (IQL's beta, benchmarks/README.md). DVC tracks the whole section, so
+    good values differ between environments (IQL's beta, benchmarks/quality.md). DVC tracks the whole section, so
     a change here re-runs this algorithm on every dataset."""
 
     def __post_init__(self):
@@ -146,7 +146,7 @@ class BCParams(LearnerParams):
     """For continuous (Box) actions, the policy's distribution: `squashed_gaussian`, SAC's tanh-squashed Gaussian
     (IQL's and CQL's actor), fitted to the actions rescaled to [-1, 1] and kept 1 % inside it; `gaussian`, RLlib's
     diagonal Gaussian, acting on its mean clipped to the bounds, which scored below it wherever the data's actions
-    crowd the bounds (benchmarks/README.md, BC's action distribution); or `deterministic`, d3rlpy's and CORL's BC:
+    crowd the bounds (benchmarks/quality.md, BC's action distribution); or `deterministic`, d3rlpy's and CORL's BC:
     the action tanh(mu), fitted by squared error to the actions rescaled to [-1, 1], whatever their spread at a
     state. Discrete actions are always categorical."""
 
@@ -247,7 +247,7 @@ class CQLParams(LearnerParams):
     """The next state's action at which the target critics are evaluated, with no entropy term either way: the
     policy's `mean` (d3rlpy's default, its `soft_q_backup=False`), or `sampled` from the policy (RLlib's, the CQL
     paper's code and CORL's). The mean with the temperature's rate above is d3rlpy's pair: where CQL on MuJoCo fell
-    without it, it is level with d3rlpy's CQL (benchmarks/README.md, "Level with d3rlpy's CQL")."""
+    without it, it is level with d3rlpy's CQL (benchmarks/mujoco.md, "Level with d3rlpy's CQL")."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -278,7 +278,7 @@ class IQLParams(LearnerParams):
     beta: float = 1.0
     """Inverse temperature of the policy's advantage weights exp(beta * (Q - V)), capped at 100: 0 is behaviour
     cloning; higher favours the data's best actions more, and the noise in Q - V too (the paper's 3 suits its
-    rescaled rewards; see the `advantage_weight_ess` metric and benchmarks/README.md)."""
+    rescaled rewards; see the `advantage_weight_ess` metric and benchmarks/quality.md, "IQL: budget and beta")."""
     action_distribution: str = SQUASHED_GAUSSIAN
     """For continuous (Box) actions, the policy's distribution over the actions rescaled to [-1, 1]:
     `squashed_gaussian`, SAC's tanh-squashed Gaussian with a deviation that depends on the state; or
@@ -400,7 +400,7 @@ class OnlinePolicyConfig:
     deviation over random play (`training.online.NORMALIZING_STEPS` steps, seeded by `seed`), frozen before training
     and kept in the checkpoint, so that collection and evaluation feed the policy what it learned on. PPO on raw
     MuJoCo observations, whose velocities span far wider than their positions, learns many times slower
-    (benchmarks/README.md, "The MuJoCo suite")."""
+    (benchmarks/mujoco.md)."""
 
     def __post_init__(self):
         object.__setattr__(self, "env", EnvSpec.of(self.env))

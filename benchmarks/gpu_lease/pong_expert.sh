@@ -3,7 +3,7 @@
 # in one call of the device tool (at most 600 s): the GPU tests, the training throughput against the plain torch
 # loop on pong-random, then BC (two seeds) and conservative DQN on pong-expert at batches of 256, three
 # quality_table runs at once, each learner training for SECONDS. Logs and quality tables land in $OUT (8 files:
-# what the device tool brings back). The rows of "On an H200" in benchmarks/README.md came from this script at
+# what the device tool brings back). The rows of "On an H200" in benchmarks/atari.md came from this script at
 # 1d1ccd6 (four BC and DQN runs, no throughput).
 #   bash benchmarks/gpu_lease/pong_expert.sh SECONDS
 set -u

@@ -1,5 +1,5 @@
 """benchmarks/ope_validation.py's `--from-results`: earlier runs' candidates validated again together, as the
-recorded validations of the full suite are pooled (benchmarks/README.md), and a later run's estimates in place of the
+recorded validations of the full suite are pooled (benchmarks/ope.md), and a later run's estimates in place of the
 earlier ones'."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ deterministic tanh(mu) fitted by squared error (`BCParams.action_distribution`).
 
 MARWIL weighs each action by exp(beta * A / c), with c^2 a running mean of squared advantages. RLlib starts
 c^2 at 100 whatever the rewards' scale; on LunarLander's returns-to-go the first batches' weights went to a
-handful of rows until c^2 caught up (benchmarks/README.md, "MARWIL's advantage normalizer"). Here c^2 starts
+handful of rows until c^2 caught up (benchmarks/quality.md, "MARWIL's advantage normalizer"). Here c^2 starts
 at the first batch's mean squared advantage, and is checkpointed (RLlib 2.60 leaves it out of the learner's state, so
 a resumed run started it again).
 """

@@ -101,11 +101,11 @@ class StreamedBatches:
     (by tensor indexing) take it back down to that size, so every batch mixes the rows of many runs read before,
     from all over the files. Draining the buffer whole at each run instead gave a row group's worth of
     consecutive updates (500 of IQL's over 131,072 rows) from one stretch of the data, which lowered IQL's score on
-    an online run's logged experience (benchmarks/README.md, "IQL's gap on halfcheetah-medium-replay"). A pass
+    an online run's logged experience (benchmarks/mujoco.md, "IQL's gap on halfcheetah-medium-replay"). A pass
     ends with the whole buffer, its last batch short: each row once a pass.
 
     Ray Data's stream, which it replaced, did not stream frames: its first batch came after the whole read
-    (benchmarks/README.md, Frames streamed). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
+    (benchmarks/throughput.md, Frames streamed). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
     groups; where there are fewer runs than shards, each shard reads them all and keeps every `num_shards`-th row.
     """
 
