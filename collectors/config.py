@@ -95,7 +95,7 @@ class CollectConfig:
     episodes_per_task: int = 100
     """Episodes in one unit of work handed to an actor. Memory holds a few tasks per collector, and each task
     costs Ray Data some scheduling: raise it for large collections of short episodes (benchmarks/throughput.md,
-    Collection)."""
+    "Collection")."""
     file_mib: float = 128.0
     """Size of a Parquet file, in MiB of rows in memory: tasks' rows are combined, in order, until they reach
     it, then the file is written while collection goes on. zstd stores them in less on disk."""

@@ -1,4 +1,5 @@
-"""The Markdown docs: every relative link names a file that exists, and every #fragment a heading in it."""
+"""The Markdown docs: every relative link names a file that exists, and every #fragment a heading in it; every
+section of the benchmarks' pages that the code, params and docs cite by title is on the page they name."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from tests.conftest import REPO, repo_files
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = "```"
+# `benchmarks/<page>.md, "<title>"` or `[the runs](../benchmarks/<page>.md#<anchor>), "<title>"`, as code, params and
+# docs cite the benchmarks.
+WRITTEN_BY_HAND = {".py", ".md", ".yaml", ".sh", ".toml", ""}  # "": the Makefile
+CITATION = re.compile(r'benchmarks/(\w+\.md)(?:#[\w-]+\))?(?:\x27s)?,? "([^"]+)"')
 
 
 def docs() -> list[Path]:
@@ -61,3 +66,24 @@ def test_every_relative_link_and_anchor_in_the_docs_resolves():
                 elif fragment and destination.suffix == ".md" and fragment not in anchors(destination):
                     broken.append(f"{where} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def plain(markdown: str) -> str:
+    """Text as it reads: links as their words, no emphasis or code marks, runs of space as one."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
+    return re.sub(r"\s+", " ", re.sub(r"[*`]", "", text))
+
+
+def test_every_cited_benchmark_section_is_on_the_page_named():
+    pages = REPO / "benchmarks"
+    missing = []
+    for path in repo_files("*"):
+        if path.suffix not in WRITTEN_BY_HAND:
+            continue
+        # A citation may break over lines of a comment or docstring.
+        text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", path.read_text(errors="replace"))
+        for page, title in CITATION.findall(text):
+            target = pages / page
+            if not target.exists() or plain(title) not in plain(target.read_text()):
+                missing.append(f'{path.relative_to(REPO)}: benchmarks/{page}, "{title}"')
+    assert not missing, "\n".join(missing)

@@ -66,7 +66,7 @@ class LearnerParams:
     """For datasets that stream: memory for the row groups a learner reads and maps ahead of its updates, beside
     its shuffle buffer (at least one run of row groups). With the buffer, it bounds a learner's memory whatever the
     dataset's size; 256 let the learner grow by a quarter from 1M to 10M transitions, for no gain in speed
-    (benchmarks/throughput.md, Scale out)."""
+    (benchmarks/throughput.md, "Scale out")."""
     num_learners: int = 0
     """0 trains in the `orl train` process itself: the fastest on one machine. n >= 1 starts n learner actors
     (1 CPU each) that each take `batch_size` rows per update and average their gradients (torch DDP): for a
@@ -146,7 +146,7 @@ class BCParams(LearnerParams):
     """For continuous (Box) actions, the policy's distribution: `squashed_gaussian`, SAC's tanh-squashed Gaussian
     (IQL's and CQL's actor), fitted to the actions rescaled to [-1, 1] and kept 1 % inside it; `gaussian`, RLlib's
     diagonal Gaussian, acting on its mean clipped to the bounds, which scored below it wherever the data's actions
-    crowd the bounds (benchmarks/quality.md, BC's action distribution); or `deterministic`, d3rlpy's and CORL's BC:
+    crowd the bounds (benchmarks/quality.md, "BC's action distribution"); or `deterministic`, d3rlpy's and CORL's BC:
     the action tanh(mu), fitted by squared error to the actions rescaled to [-1, 1], whatever their spread at a
     state. Discrete actions are always categorical."""
 

@@ -13,7 +13,7 @@
   and scales them in another: two ops in all, against RLlib's norm, nan_to_num and multiply per tensor.
   The result is the same.
 - Adam runs fused: one call updates every parameter tensor, where torch's default on CPU makes about ten
-  calls per tensor, each through Python and the dispatcher (see benchmarks/throughput.md, Training).
+  calls per tensor, each through Python and the dispatcher (see benchmarks/throughput.md, "Training").
   The math is the same.
 - Discrete actions' log-probabilities come from one `log_softmax` (`LogSoftmaxCategorical`). torch's
   Categorical normalises its logits with `logsumexp` as it is built, which guards against infinities with

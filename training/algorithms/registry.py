@@ -114,7 +114,7 @@ def _iql_config(params: IQLParams):
 # Gaussian, which at the bounds themselves is that of a pre-squash action of atanh(1 - 1e-6) = 7.3, far beyond the
 # rest: half of pendulum-medium's actions are at the torque bound. Kept 1 % inside, they are atanh(0.99) = 2.6. It
 # removes that degenerate density; it did not lift IQL's score on pendulum-medium at beta 3 (benchmarks/quality.md,
-# IQL).
+# "IQL and the misses").
 SQUASHED_ACTION_MARGIN = 0.01
 
 

@@ -105,7 +105,7 @@ class StreamedBatches:
     ends with the whole buffer, its last batch short: each row once a pass.
 
     Ray Data's stream, which it replaced, did not stream frames: its first batch came after the whole read
-    (benchmarks/throughput.md, Frames streamed). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
+    (benchmarks/throughput.md, "Frames streamed"). Shard `shard` of `num_shards` reads every `num_shards`-th run of row
     groups; where there are fewer runs than shards, each shard reads them all and keeps every `num_shards`-th row.
     """
 
