@@ -11,6 +11,7 @@ from urllib.parse import unquote
 from tests.conftest import REPO, repo_files
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+LINKED_WORDS = re.compile(r"\[([^\]]*)\]\([^)]*\)")  # a link, its words in group 1
 FENCE = "```"
 # `benchmarks/<page>.md, "<title>"` or `[the runs](../benchmarks/<page>.md#<anchor>), "<title>"`, as code, params and
 # docs cite the benchmarks.
@@ -44,7 +45,7 @@ def anchors(path: Path) -> frozenset[str]:
     for _, line in outside_code(path):
         heading = re.match(r"#{1,6} (.*)", line)
         if heading:
-            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).lower()
+            text = LINKED_WORDS.sub(r"\1", heading.group(1)).lower()
             slug = re.sub(r"[^\w\- ]", "", text).strip().replace(" ", "-")
             seen[slug] = seen.get(slug, -1) + 1
             fragments.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
@@ -70,8 +71,7 @@ def test_every_relative_link_and_anchor_in_the_docs_resolves():
 
 def plain(markdown: str) -> str:
     """Text as it reads: links as their words, no emphasis or code marks, runs of space as one."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
-    return re.sub(r"\s+", " ", re.sub(r"[*`]", "", text))
+    return re.sub(r"\s+", " ", re.sub(r"[*`]", "", LINKED_WORDS.sub(r"\1", markdown)))
 
 
 def test_every_cited_benchmark_section_is_on_the_page_named():
