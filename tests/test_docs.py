@@ -74,6 +74,12 @@ def plain(markdown: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[*`]", "", LINKED_WORDS.sub(r"\1", markdown)))
 
 
+@functools.cache
+def page_text(page: Path) -> str | None:
+    """A benchmarks page as it reads, read once however many places cite it; None where there is no such page."""
+    return plain(page.read_text()) if page.exists() else None
+
+
 def test_every_cited_benchmark_section_is_on_the_page_named():
     pages = REPO / "benchmarks"
     missing = []
@@ -83,7 +89,7 @@ def test_every_cited_benchmark_section_is_on_the_page_named():
         # A citation may break over lines of a comment or docstring.
         text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", path.read_text(errors="replace"))
         for page, title in CITATION.findall(text):
-            target = pages / page
-            if not target.exists() or plain(title) not in plain(target.read_text()):
+            text_of_page = page_text(pages / page)
+            if text_of_page is None or plain(title) not in text_of_page:
                 missing.append(f'{path.relative_to(REPO)}: benchmarks/{page}, "{title}"')
     assert not missing, "\n".join(missing)
