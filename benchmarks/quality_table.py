@@ -24,9 +24,9 @@ FILE` starts our CQL from a file of weights by d3rlpy's names instead of its see
 `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy
 acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our
 learners at a time budget instead of params.yaml's iterations, for a machine lent for a fixed time
-(benchmarks/gpu_lease/). `--pool DIR ...` measures nothing: it joins the cells of runs made apart (one seed per process,
-two processes at once on 2 cores) into OUT's table, each cell with every run's seeds, and refuses a cell whose runs
-differ in settings.
+(benchmarks/gpu_lease/). `--keep-checkpoints DIR` keeps our trained policies there, to look into a score. `--pool DIR
+...` measures nothing: it joins the cells of runs made apart (one seed per process, two processes at once on 2 cores)
+into OUT's table, each cell with every run's seeds, and refuses a cell whose runs differ in settings.
 """
 
 from __future__ import annotations
@@ -244,6 +244,9 @@ def main() -> None:
     parser.add_argument("--sample-actions", action="store_true",
                         help=f"evaluate {' and '.join(POLICY_ALGOS)} sampling their actions instead of greedily "
                              "(needs --algos naming only those)")
+    parser.add_argument("--keep-checkpoints", type=Path, metavar="DIR",
+                        help="keep each policy of ours as DIR/DATASET-COLUMN-seedN, to look into its score, instead "
+                             "of in a temporary directory")
     parser.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                         help="measure nothing: pool the cells of earlier runs (their --out directories) into OUT, "
                              "each cell with every run's seeds (those of --algos alone, where given); with --update, "
@@ -326,11 +329,12 @@ def main() -> None:
                                                  eval_seeds, d3rlpy_config)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
-                        updates, path = train_ours(column, algo_params, dataset_dir, seed, Path(tmp) / "checkpoint",
+                        checkpoint = (args.keep_checkpoints / f"{name}-{column}-seed{seed}" if args.keep_checkpoints
+                                      else Path(tmp) / "checkpoint")
+                        updates, path = train_ours(column, algo_params, dataset_dir, seed, checkpoint,
                                                    args.train_seconds, initial_weights)
                         entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates
-                        policy = PolicyConfig(kind="model", model=str(Path(tmp) / "checkpoint"),
-                                              greedy=not args.sample_actions)
+                        policy = PolicyConfig(kind="model", model=str(checkpoint), greedy=not args.sample_actions)
                         returns = rollout_returns(card.env, policy, params.evaluate.seed, params.evaluate.episodes,
                                                   params.evaluate.num_workers, label=f"evaluate {column} {name}").returns
                 entry.setdefault("learner_metrics", {}).setdefault(column, {})[str(seed)] = path
