@@ -40,17 +40,23 @@ def test_the_policys_own_actions_as_the_logged_ones_are_valued_as_its_own_at_no_
 
 
 @pytest.mark.slow  # a tiny CQL trained on Ray
-def test_it_prints_each_checkpoints_values_on_logged_and_first_states(kept_cql, pendulum_dataset):
-    result = run_benchmark("critic_probe", "--dataset", pendulum_dataset, "--checkpoints", kept_cql, "--rows", "100")
+def test_it_prints_each_checkpoints_values_on_logged_and_first_states_and_along_its_episodes(kept_cql,
+                                                                                              pendulum_dataset):
+    result = run_benchmark("critic_probe", "--dataset", pendulum_dataset, "--checkpoints", kept_cql, "--rows", "100",
+                           "--episodes", "2")
 
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines()
+    rows = [[cell.strip() for cell in line.split("|")[2:-1]] for line in result.stdout.splitlines()
             if line.startswith(f"| {kept_cql.parent.name}/{kept_cql.name} |")]
-    assert [row[1].strip() for row in rows] == ["logged states", "first states"]
-    for row in rows:
-        *values, distance = map(float, row[2:])
+    assert [row[0] for row in rows[:2]] == ["logged states", "first states"] and len(rows) == 3
+    for row in rows[:2]:
+        *values, distance = map(float, row[1:])
         assert all(math.isfinite(value) for value in values) and 0 <= distance <= 2  # half-widths apart, at most 2
-
+    steps, *values = map(float, rows[2])
+    assert steps == 200  # Pendulum's episodes run to its time limit
+    # Values, then returns got, at every step, the first and the last ten: a reward in [-16.3, 0] a step.
+    returns = values[1::2]
+    assert all(math.isfinite(value) for value in values) and all(-16.3 / (1 - 0.99) <= got <= 0 for got in returns)
 
 def test_it_refuses_discrete_actions(expert_dataset, tmp_path):
     result = run_benchmark("critic_probe", "--dataset", expert_dataset, "--checkpoints", tmp_path / "none")
