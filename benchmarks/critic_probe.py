@@ -121,7 +121,8 @@ def main() -> None:
                   f"{row['distance']:.3f} |")
     if not args.episodes:
         return
-    header = ["policy", "steps an episode", *(f"{what}, {where}" for where in STRETCHES for what in ("Q", "return got"))]
+    header = ["policy", "steps an episode",
+              *(f"{what}, {where}" for where in STRETCHES for what in ("Q", "return got"))]
     print(f"\n{args.episodes} greedy episodes in {card.env.label} from seed {args.eval_seed}, returns discounted by "
           f"{args.gamma}\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     env = make_env(card.env)
