@@ -47,6 +47,23 @@ def unit(actions: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
     return unit_actions(actions, space.low, space.high, margin=0.0)
 
 
+def continuous_card(path: Path) -> tuple[dataset.DatasetCard, gym.spaces.Box]:
+    """The dataset's card and action space; refuses image observations and discrete actions."""
+    card = dataset.read_card(path)
+    observation_space, action_space = card.spaces
+    if len(observation_space.shape) != 1 or not isinstance(action_space, gym.spaces.Box):
+        raise UserError(f"{path}: this script reads vector observations and continuous actions only")
+    return card, action_space
+
+
+def logged_rows(path: Path, space: gym.spaces.Box, *more: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The dataset's observations (float32), its actions in [-1, 1] and its columns `more`, as numpy arrays."""
+    table = dataset.read_table(path, (Col.OBS, Col.ACTIONS, *more))
+    return (dataset.column_to_numpy(table[Col.OBS]).astype(np.float32),
+            unit(dataset.column_to_numpy(table[Col.ACTIONS]), space),
+            {column: dataset.column_to_numpy(table[column]) for column in more})
+
+
 def greedy_actions(policy: ModulePolicy, obs: np.ndarray) -> np.ndarray:
     return np.concatenate([policy.act(obs[first:first + CHUNK_ROWS], [], None)[0]
                            for first in range(0, len(obs), CHUNK_ROWS)])
@@ -74,17 +91,12 @@ def main() -> None:
                         help="a BC hyper-parameter's value instead of params.yaml's (e.g. lr=0.0003)")
     args = parser.parse_args()
     params = load_params(args.params)
-    card = dataset.read_card(args.dataset)
-    observation_space, action_space = card.spaces
-    if len(observation_space.shape) != 1 or not isinstance(action_space, gym.spaces.Box):
-        raise UserError(f"{args.dataset}: this script reads vector observations and continuous actions only")
+    card, action_space = continuous_card(args.dataset)
     if args.references and card.env is None:
         raise UserError(f"{args.dataset} has no simulator to evaluate the clones on; leave out --references")
     reference = read_reference(args.references, card.env.label, params.evaluate) if args.references else None
     bc = dataclasses.replace(params.algos.get("bc").for_dataset(card.name), **dict(args.set))
-    table = dataset.read_table(args.dataset, (Col.OBS, Col.ACTIONS))
-    obs = dataset.column_to_numpy(table[Col.OBS]).astype(np.float32)
-    logged = unit(dataset.column_to_numpy(table[Col.ACTIONS]), action_space)
+    obs, logged, _ = logged_rows(args.dataset, action_space)
     checkpoints = {(name, seed): args.checkpoints / f"{name}-seed{seed}"
                    for name in args.distributions for seed in args.seeds}
     if reference or not all(path.exists() for path in checkpoints.values()):

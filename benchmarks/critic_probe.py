@@ -21,8 +21,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-import dataset_format as dataset
-from benchmarks.clone_actions import greedy_actions, unit
+from benchmarks.clone_actions import continuous_card, greedy_actions, logged_rows, unit
 from common.envs import make_env
 from common.errors import UserError, exit_on_user_error
 from common.trained_policy import ModulePolicy, load_rl_module
@@ -93,18 +92,13 @@ def main() -> None:
                         help="the first episode's seed (the suites' params.yaml `evaluate.seed`)")
     parser.add_argument("--gamma", type=float, default=0.99, help="the learner's discount (params.yaml's `gamma`)")
     args = parser.parse_args()
-    card = dataset.read_card(args.dataset)
-    observation_space, space = card.spaces
-    if len(observation_space.shape) != 1 or not isinstance(space, gym.spaces.Box):
-        raise UserError(f"{args.dataset}: this script reads vector observations and continuous actions only")
+    card, space = continuous_card(args.dataset)
     if args.episodes and card.env is None:
         raise UserError(f"{args.dataset} has no simulator to play episodes in; add --episodes 0")
-    table = dataset.read_table(args.dataset, (Col.OBS, Col.ACTIONS, Col.T))
-    obs = dataset.column_to_numpy(table[Col.OBS]).astype(np.float32)
-    logged = unit(dataset.column_to_numpy(table[Col.ACTIONS]), space).astype(np.float32)
+    obs, logged, more = logged_rows(args.dataset, space, Col.T)
     rng = np.random.default_rng(args.seed)
     samples = {"logged states": rng.choice(len(obs), min(args.rows, len(obs)), replace=False),
-               "first states": np.flatnonzero(dataset.column_to_numpy(table[Col.T]) == 0)}
+               "first states": np.flatnonzero(more[Col.T] == 0)}
     modules = {}
     for path in args.checkpoints:
         modules[f"{path.parent.name}/{path.name}"] = module = load_rl_module(path)
