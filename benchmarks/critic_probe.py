@@ -40,15 +40,15 @@ def critic_values(module, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        return module.compute_q_values({Col.OBS: torch.from_numpy(obs),
-                                        Col.ACTIONS: torch.from_numpy(actions)}).numpy()
+        return module.compute_q_values({Col.OBS: torch.as_tensor(obs, dtype=torch.float32),
+                                        Col.ACTIONS: torch.as_tensor(actions, dtype=torch.float32)}).numpy()
 
 
 def probe(module, space: gym.spaces.Box, obs: np.ndarray, logged: np.ndarray, rng: np.random.Generator) -> dict:
     """The critics' mean value of the logged, the greedy and uniformly random actions at `obs`, and the greedy
     action's mean distance from the logged one; `logged` in [-1, 1]."""
-    greedy = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space).astype(np.float32)
-    uniform = rng.uniform(-1.0, 1.0, logged.shape).astype(np.float32)
+    greedy = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space)
+    uniform = rng.uniform(-1.0, 1.0, logged.shape)
     return {"logged": float(critic_values(module, obs, logged).mean()),
             "policy": float(critic_values(module, obs, greedy).mean()),
             "uniform": float(critic_values(module, obs, uniform).mean()),
@@ -64,14 +64,13 @@ def along_episodes(module, env: gym.Env, episodes: int, seed: int, gamma: float)
         obs, _ = env.reset(seed=seed + episode)
         observations, actions, rewards, done = [], [], [], False
         while not done:
-            action = greedy_actions(policy, obs[None].astype(np.float32))[0]
+            action = greedy_actions(policy, obs[None])[0]
             observations.append(obs)
             actions.append(action)
             obs, reward, terminated, truncated, _ = env.step(action)
             rewards.append(reward)
             done = terminated or truncated
-        values.append(critic_values(module, np.array(observations, dtype=np.float32),
-                                    unit(np.array(actions), env.action_space).astype(np.float32)))
+        values.append(critic_values(module, np.array(observations), unit(np.array(actions), env.action_space)))
         episode_end = np.zeros(len(rewards), dtype=bool)
         episode_end[-1] = True
         returns.append(returns_to_go(np.array(rewards), episode_end, gamma))

@@ -8,12 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import dataset_format as dataset
-from benchmarks.clone_actions import greedy_actions, unit
+from benchmarks.clone_actions import continuous_card, greedy_actions, logged_rows, unit
 from benchmarks.critic_probe import probe
 from benchmarks.quality_table import train_ours
 from common.trained_policy import ModulePolicy, load_rl_module
-from dataset_format import Col
 from tests.benchmarks.test_cql_curves import tiny_cql
 from tests.conftest import assert_user_error, run_benchmark
 
@@ -28,10 +26,10 @@ def kept_cql(pendulum_dataset, tmp_path_factory) -> Path:
 
 @pytest.mark.slow  # a tiny CQL trained on Ray
 def test_the_policys_own_actions_as_the_logged_ones_are_valued_as_its_own_at_no_distance(kept_cql, pendulum_dataset):
-    space = dataset.read_card(pendulum_dataset).spaces[1]
+    _, space = continuous_card(pendulum_dataset)
+    obs, _, _ = logged_rows(pendulum_dataset, space)
     module = load_rl_module(kept_cql)
-    obs = dataset.column_to_numpy(dataset.read_table(pendulum_dataset, (Col.OBS,))[Col.OBS]).astype(np.float32)
-    own = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space).astype(np.float32)
+    own = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space)
 
     row = probe(module, space, obs, own, np.random.default_rng(0))
 
@@ -57,6 +55,7 @@ def test_it_prints_each_checkpoints_values_on_logged_and_first_states_and_along_
     # Values, then returns got, at every step, the first and the last ten: a reward in [-16.3, 0] a step.
     returns = values[1::2]
     assert all(math.isfinite(value) for value in values) and all(-16.3 / (1 - 0.99) <= got <= 0 for got in returns)
+
 
 def test_it_refuses_discrete_actions(expert_dataset, tmp_path):
     result = run_benchmark("critic_probe", "--dataset", expert_dataset, "--checkpoints", tmp_path / "none")
