@@ -44,21 +44,20 @@ def critic_values(module, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
                                         Col.ACTIONS: torch.as_tensor(actions, dtype=torch.float32)}).numpy()
 
 
-def probe(module, space: gym.spaces.Box, obs: np.ndarray, logged: np.ndarray, rng: np.random.Generator) -> dict:
+def probe(policy: ModulePolicy, obs: np.ndarray, logged: np.ndarray, rng: np.random.Generator) -> dict:
     """The critics' mean value of the logged, the greedy and uniformly random actions at `obs`, and the greedy
     action's mean distance from the logged one; `logged` in [-1, 1]."""
-    greedy = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space)
+    greedy = unit(greedy_actions(policy, obs), policy.space)
     uniform = rng.uniform(-1.0, 1.0, logged.shape)
-    return {"logged": float(critic_values(module, obs, logged).mean()),
-            "policy": float(critic_values(module, obs, greedy).mean()),
-            "uniform": float(critic_values(module, obs, uniform).mean()),
+    return {"logged": float(critic_values(policy.module, obs, logged).mean()),
+            "policy": float(critic_values(policy.module, obs, greedy).mean()),
+            "uniform": float(critic_values(policy.module, obs, uniform).mean()),
             "distance": float(np.abs(greedy - logged).mean())}
 
 
-def along_episodes(module, env: gym.Env, episodes: int, seed: int, gamma: float) -> dict:
+def along_episodes(policy: ModulePolicy, env: gym.Env, episodes: int, seed: int, gamma: float) -> dict:
     """The critics' mean value of the greedy policy's actions along its episodes from seeds `seed`, `seed` + 1, ...,
     and the mean discounted return got from each step on, over each of `STRETCHES`."""
-    policy = ModulePolicy(module, env.action_space, greedy=True)
     values, returns = [], []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -70,7 +69,7 @@ def along_episodes(module, env: gym.Env, episodes: int, seed: int, gamma: float)
             obs, reward, terminated, truncated, _ = env.step(action)
             rewards.append(reward)
             done = terminated or truncated
-        values.append(critic_values(module, np.array(observations), unit(np.array(actions), env.action_space)))
+        values.append(critic_values(policy.module, np.array(observations), unit(np.array(actions), policy.space)))
         episode_end = np.zeros(len(rewards), dtype=bool)
         episode_end[-1] = True
         returns.append(returns_to_go(np.array(rewards), episode_end, gamma))
@@ -98,18 +97,19 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     samples = {"logged states": rng.choice(len(obs), min(args.rows, len(obs)), replace=False),
                "first states": np.flatnonzero(more[Col.T] == 0)}
-    modules = {}
+    policies = {}
     for path in args.checkpoints:
-        modules[f"{path.parent.name}/{path.name}"] = module = load_rl_module(path)
+        module = load_rl_module(path)
         if not hasattr(module, "compute_q_values"):
             raise UserError(f"{path} holds no critics (a policy learner's checkpoint?); give CQL's or IQL's")
+        policies[f"{path.parent.name}/{path.name}"] = ModulePolicy(module, space, greedy=True)
     header = ["policy", "states", "Q(logged action)", "Q(policy's action)", "Q(uniform action)",
               "distance from the logged action"]
     print(f"{card.name}: {len(obs):,} rows, {len(samples['first states']):,} episodes\n")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for name, module in modules.items():
+    for name, policy in policies.items():
         for states, rows in samples.items():
-            row = probe(module, space, obs[rows], logged[rows], rng)
+            row = probe(policy, obs[rows], logged[rows], rng)
             print(f"| {name} | {states} | {row['logged']:.1f} | {row['policy']:.1f} | {row['uniform']:.1f} | "
                   f"{row['distance']:.3f} |")
     if not args.episodes:
@@ -119,8 +119,8 @@ def main() -> None:
     print(f"\n{args.episodes} greedy episodes in {card.env.label} from seed {args.eval_seed}, returns discounted by "
           f"{args.gamma}\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     env = make_env(card.env)
-    for name, module in modules.items():
-        row = along_episodes(module, env, args.episodes, args.eval_seed, args.gamma)
+    for name, policy in policies.items():
+        row = along_episodes(policy, env, args.episodes, args.eval_seed, args.gamma)
         print(f"| {name} | {row['steps']:.0f} | " + " | ".join(f"{row[f'{where} {what}']:.1f}" for where in STRETCHES
                                                          for what in ("value", "return")) + " |")
     env.close()

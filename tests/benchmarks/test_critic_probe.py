@@ -28,10 +28,10 @@ def kept_cql(pendulum_dataset, tmp_path_factory) -> Path:
 def test_the_policys_own_actions_as_the_logged_ones_are_valued_as_its_own_at_no_distance(kept_cql, pendulum_dataset):
     _, space = continuous_card(pendulum_dataset)
     obs, _, _ = logged_rows(pendulum_dataset, space)
-    module = load_rl_module(kept_cql)
-    own = unit(greedy_actions(ModulePolicy(module, space, greedy=True), obs), space)
+    policy = ModulePolicy(load_rl_module(kept_cql), space, greedy=True)
+    own = unit(greedy_actions(policy, obs), space)
 
-    row = probe(module, space, obs, own, np.random.default_rng(0))
+    row = probe(policy, obs, own, np.random.default_rng(0))
 
     assert row["distance"] == 0 and row["logged"] == pytest.approx(row["policy"])
     assert row["uniform"] != pytest.approx(row["policy"]) and all(math.isfinite(value) for value in row.values())
