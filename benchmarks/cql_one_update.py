@@ -96,6 +96,24 @@ def from_d3rlpy(weights: dict[str, torch.Tensor], names: list[str]) -> dict[str,
     return out
 
 
+def copy_networks(module: torch.nn.Module, saved: dict, path: Path) -> dict[str, torch.Tensor]:
+    """Sets every parameter of our CQL's `module` to `saved`'s weights (by d3rlpy's names, read from `path`), all
+    checked before any is set; returns them by our names."""
+    parameters = dict(module.named_parameters())
+    weights = from_d3rlpy(saved["weights"], list(parameters))
+    if set(weights) != set(parameters):
+        raise SystemExit(f"{path}: its weights do not map onto our CQL's networks (sizes from params.yaml's "
+                         "hidden_layers and the dataset's spaces)")
+    for name, parameter in parameters.items():
+        if parameter.shape != weights[name].shape:
+            raise SystemExit(f"{path}: {name} is {tuple(weights[name].shape)} there, "
+                             f"{tuple(parameter.shape)} in our CQL")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(weights[name])
+    return weights
+
+
 def start_from(algorithm, path: Path) -> None:
     """Sets a built CQL of ours (`num_learners` 0) to the weights `path` holds by d3rlpy's names, its networks, entropy
     temperature and conservative weight: our initial weights as `--save-weights` writes them, or d3rlpy's as
@@ -106,18 +124,11 @@ def start_from(algorithm, path: Path) -> None:
 
     saved = torch.load(path)
     learner = local_learner(algorithm)
-    parameters = dict(learner.module[DEFAULT_MODULE_ID].named_parameters())
-    weights = from_d3rlpy(saved["weights"], list(parameters))
-    if set(weights) != set(parameters) or set(to_d3rlpy(weights)) != set(saved["weights"]):
-        raise SystemExit(f"{path}: its weights do not map onto our CQL's networks (sizes from params.yaml's "
-                         "hidden_layers and the dataset's spaces)")
-    for name, parameter in parameters.items():  # all checked before any is set
-        if parameter.shape != weights[name].shape:
-            raise SystemExit(f"{path}: {name} is {tuple(weights[name].shape)} there, "
-                             f"{tuple(parameter.shape)} in our CQL")
+    weights = copy_networks(learner.module[DEFAULT_MODULE_ID], saved, path)
+    if set(to_d3rlpy(weights)) != set(saved["weights"]):
+        raise SystemExit(f"{path}: it holds weights our CQL has no network for: "
+                         f"{sorted(set(saved['weights']) - set(to_d3rlpy(weights)))}")
     with torch.no_grad():
-        for name, parameter in parameters.items():
-            parameter.copy_(weights[name])
         learner.curr_log_alpha[DEFAULT_MODULE_ID].fill_(saved["log_temperature"])
         log_weight = learner.log_conservative_weights.get(DEFAULT_MODULE_ID)  # none where it is fixed
         if log_weight is not None:

@@ -9,19 +9,27 @@ mean value of each step's action against the discounted return got from that ste
 rest out), over every step, the first and the last few. Whether the critics set the data's actions apart, how far they
 overvalue the policy's own, and whether they see its falls coming, shows here, where a score cannot.
 
+`--d3rlpy-weights FILE ...` probes d3rlpy's CQLs too, as `quality_table.py --keep-checkpoints` keeps their trained
+weights: each is read into a copy of the first checkpoint's module, which must be a CQL of the same sizes; d3rlpy's
+greedy action, tanh of its Gaussian's mean, is the one ours takes.
+
     python -m benchmarks.critic_probe --dataset benchmarks/mujoco/datasets/hopper-medium \\
-        --checkpoints /tmp/diag/ckpt/hopper-medium-cql-seed1 /tmp/diag/ckpt-fixed/hopper-medium-cql-seed0
+        --checkpoints /tmp/diag/ckpt/hopper-medium-cql-seed1 /tmp/diag/ckpt-fixed/hopper-medium-cql-seed0 \\
+        --d3rlpy-weights /tmp/diag/ckpt/hopper-medium-d3rlpy-cql-seed2.pt
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from benchmarks.clone_actions import continuous_card, greedy_actions, logged_rows, unit
+from benchmarks.cql_one_update import copy_networks
 from common.envs import make_env
 from common.errors import UserError, exit_on_user_error
 from common.trained_policy import ModulePolicy, load_rl_module
@@ -37,8 +45,6 @@ STRETCHES = {"every step": lambda series: series, "first step": lambda series: s
 
 def critic_values(module, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
     """The lower of the module's twin critics at each row, actions in [-1, 1] (where CQL and IQL act)."""
-    import torch
-
     with torch.no_grad():
         return module.compute_q_values({Col.OBS: torch.as_tensor(obs, dtype=torch.float32),
                                         Col.ACTIONS: torch.as_tensor(actions, dtype=torch.float32)}).numpy()
@@ -83,6 +89,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--checkpoints", type=Path, nargs="+", required=True,
                         help="policies of CQL or IQL, as quality_table.py --keep-checkpoints or orl train keep them")
+    parser.add_argument("--d3rlpy-weights", type=Path, nargs="+", default=[], metavar="FILE",
+                        help="d3rlpy's trained CQLs, as quality_table.py --keep-checkpoints keeps them (.pt)")
     parser.add_argument("--rows", type=int, default=50_000, help="logged states sampled (each first state is used)")
     parser.add_argument("--seed", type=int, default=0, help="draws the logged states and the uniform actions")
     parser.add_argument("--episodes", type=int, default=10, help="greedy episodes in the dataset's env (0: none)")
@@ -102,6 +110,10 @@ def main() -> None:
         module = load_rl_module(path)
         if not hasattr(module, "compute_q_values"):
             raise UserError(f"{path} holds no critics (a policy learner's checkpoint?); give CQL's or IQL's")
+        policies[f"{path.parent.name}/{path.name}"] = ModulePolicy(module, space, greedy=True)
+    for path in args.d3rlpy_weights:
+        module = copy.deepcopy(next(iter(policies.values())).module)
+        copy_networks(module, torch.load(path), path)
         policies[f"{path.parent.name}/{path.name}"] = ModulePolicy(module, space, greedy=True)
     header = ["policy", "states", "Q(logged action)", "Q(policy's action)", "Q(uniform action)",
               "distance from the logged action"]

@@ -18,7 +18,8 @@ CQL"). At `rllib`:
 `batch_draws: shuffled_passes` draws each batch from a fresh permutation of the transitions, pass after pass, as ours
 does, where d3rlpy draws every one with replacement. `initial_weights: FILE` starts from the weights of one of our
 CQLs, as `benchmarks/cql_one_update.py --save-weights FILE` writes them. `--save-initial-weights FILE` writes d3rlpy's
-own, which quality_table.py's `--initial-weights` starts ours from.
+own, which quality_table.py's `--initial-weights` starts ours from; `--save-weights FILE` those it trained, which
+`benchmarks/critic_probe.py --d3rlpy-weights` reads.
 
     .venv-d3rlpy/bin/python benchmarks/d3rlpy_runner.py --dataset datasets/cartpole-medium --algo cql \
         --seed 0 --steps 2000 --epoch-updates 1000 --batch-size 256 --lr 1e-3 --hidden 256 256 --gamma 0.99 \
@@ -287,6 +288,8 @@ def main() -> None:
     parser.add_argument("--save-initial-weights", type=Path, metavar="FILE",
                         help="continuous CQL: write the weights it starts from (by d3rlpy's names, as "
                              "cql_one_update.py --save-weights writes ours) and train nothing")
+    parser.add_argument("--save-weights", type=Path, metavar="FILE",
+                        help="continuous CQL: write the weights it trained, as --save-initial-weights does")
     args = parser.parse_args()
     if args.steps % args.epoch_updates:
         raise SystemExit(f"--epoch-updates {args.epoch_updates} does not divide --steps {args.steps}")
@@ -306,8 +309,9 @@ def main() -> None:
     like_ours = [name for name, value in probes.items() if name != "batch_draws" and value != PROBES[name][0]]
     if like_ours and not isinstance(config, d3rlpy.algos.CQLConfig):
         raise SystemExit(f"--config: {', '.join(like_ours)} applies to continuous CQL, not {type(config).__name__}")
-    if args.save_initial_weights and not isinstance(config, d3rlpy.algos.CQLConfig):
-        raise SystemExit(f"--save-initial-weights applies to continuous CQL, not {type(config).__name__}")
+    for option, given in (("--save-initial-weights", args.save_initial_weights), ("--save-weights", args.save_weights)):
+        if given and not isinstance(config, d3rlpy.algos.CQLConfig):
+            raise SystemExit(f"{option} applies to continuous CQL, not {type(config).__name__}")
     if probes["adam_eps"] == "rllib":
         args.config |= {f"{part}_optim_factory": d3rlpy.optimizers.AdamFactory(eps=RLLIB_ADAM_EPS)
                         for part in ("actor", "critic", "temp", "alpha")}
@@ -330,6 +334,8 @@ def main() -> None:
     epochs = algo.fit(data, n_steps=args.steps, n_steps_per_epoch=args.epoch_updates, show_progress=False,
                       save_interval=10**9, experiment_name=None, with_timestamp=False,
                       logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    if args.save_weights:
+        torch.save(saved_weights(algo.impl.modules), args.save_weights)
 
     env = make_env(card)
     returns = []

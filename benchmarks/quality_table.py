@@ -24,9 +24,10 @@ FILE` starts our CQL from a file of weights by d3rlpy's names instead of its see
 `--sample-actions` evaluates our policy learners (BC, MARWIL) sampling their actions, as a stochastic behaviour policy
 acts, instead of greedily (d3rlpy's DiscreteBC cannot: its sample_action is argmax). `--train-seconds` stops our
 learners at a time budget instead of params.yaml's iterations, for a machine lent for a fixed time
-(benchmarks/gpu_lease/). `--keep-checkpoints DIR` keeps our trained policies there, to look into a score. `--pool DIR
-...` measures nothing: it joins the cells of runs made apart (one seed per process, two processes at once on 2 cores)
-into OUT's table, each cell with every run's seeds, and refuses a cell whose runs differ in settings.
+(benchmarks/gpu_lease/). `--keep-checkpoints DIR` keeps our trained policies there, and d3rlpy's CQL's trained weights,
+to look into a score (benchmarks/critic_probe.py). `--pool DIR ...` measures nothing: it joins the cells of runs made
+apart (one seed per process, two processes at once on 2 cores) into OUT's table, each cell with every run's seeds, and
+refuses a cell whose runs differ in settings.
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ def on_path(iteration: int, iterations: int) -> bool:
 
 
 def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Path, seed: int,
-                 eval_seeds: list[int], config: dict) -> tuple[np.ndarray, list[dict[str, float]]]:
+                 eval_seeds: list[int], config: dict, save_weights: Path | None = None
+                 ) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The returns of `eval_seeds`' episodes, and d3rlpy's own metrics (an epoch of d3rlpy's is one of our
-    iterations) where `on_path` keeps ours. `config`: d3rlpy config fields over its defaults (`--d3rlpy-set`)."""
+    iterations) where `on_path` keeps ours. `config`: d3rlpy config fields over its defaults (`--d3rlpy-set`);
+    `save_weights`: where a continuous CQL writes the weights it trained."""
     command = [python, str(ROOT / "benchmarks" / "d3rlpy_runner.py"), "--dataset", str(dataset_dir),
                "--algo", algo.removeprefix("d3rlpy-"), "--seed", str(seed),
                "--steps", str(params.iterations * params.updates_per_iteration),
@@ -131,6 +134,8 @@ def train_d3rlpy(python: str, algo: str, params: LearnerParams, dataset_dir: Pat
     if isinstance(params, CQLParams):
         command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
                     "--cql-alpha", str(params.min_q_weight)]
+        if save_weights is not None:
+            command += ["--save-weights", str(save_weights)]
     if isinstance(params, IQLParams):
         command += ["--gamma", str(params.gamma), "--tau", str(params.tau), "--actor-lr", str(params.actor_lr),
                     "--expectile", str(params.expectile), "--beta", str(params.beta)]
@@ -246,7 +251,8 @@ def main() -> None:
                              "(needs --algos naming only those)")
     parser.add_argument("--keep-checkpoints", type=Path, metavar="DIR",
                         help="keep each policy of ours as DIR/DATASET-COLUMN-seedN, to look into its score, instead "
-                             "of in a temporary directory")
+                             "of in a temporary directory, and d3rlpy's continuous CQL's weights as "
+                             "DIR/DATASET-d3rlpy-cql-seedN.pt (critic_probe.py reads both)")
     parser.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                         help="measure nothing: pool the cells of earlier runs (their --out directories) into OUT, "
                              "each cell with every run's seeds (those of --algos alone, where given); with --update, "
@@ -279,7 +285,9 @@ def main() -> None:
                    for column in args.algos or params.algos.names()):
             parser.error(f"--set {field}: no learner measured has that hyper-parameter (training/config.py)")
     start_ray(params.ray.num_cpus)
-    args.out.mkdir(parents=True, exist_ok=True)
+    for folder in (args.out, args.keep_checkpoints):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
     results = json.loads(measured.read_text()) if args.update and measured.exists() else {}  # none yet: a new table
     eval_seeds = [episode_seeds(params.evaluate.seed, i)[0] for i in range(params.evaluate.episodes)]
     for name in args.datasets or list(params.all_datasets):
@@ -325,8 +333,10 @@ def main() -> None:
             for seed in args.seeds:
                 started = time.monotonic()
                 if column.startswith("d3rlpy"):
+                    weights = (args.keep_checkpoints / f"{name}-{column}-seed{seed}.pt"
+                               if args.keep_checkpoints and isinstance(algo_params, CQLParams) else None)
                     returns, path = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed,
-                                                 eval_seeds, d3rlpy_config)
+                                                 eval_seeds, d3rlpy_config, weights)
                 else:
                     with tempfile.TemporaryDirectory() as tmp:
                         checkpoint = (args.keep_checkpoints / f"{name}-{column}-seed{seed}" if args.keep_checkpoints

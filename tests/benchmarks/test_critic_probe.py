@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from benchmarks.clone_actions import continuous_card, greedy_actions, logged_rows, unit
+from benchmarks.cql_one_update import to_d3rlpy
 from benchmarks.critic_probe import probe
-from benchmarks.quality_table import train_ours
+from benchmarks.quality_table import D3RLPY_PYTHON, train_d3rlpy, train_ours
 from common.trained_policy import ModulePolicy, load_rl_module
 from tests.benchmarks.test_cql_curves import tiny_cql
 from tests.conftest import assert_user_error, run_benchmark
@@ -22,6 +23,12 @@ def kept_cql(pendulum_dataset, tmp_path_factory) -> Path:
     checkpoint = tmp_path_factory.mktemp("kept") / "pendulum-medium-cql-seed0"
     train_ours("cql", tiny_cql(), pendulum_dataset, 0, checkpoint)
     return checkpoint
+
+
+def probed_rows(result, path: Path) -> list[list[str]]:
+    """The probe's rows of the policy at `path`, each a list of its cells after the name."""
+    return [[cell.strip() for cell in line.split("|")[2:-1]] for line in result.stdout.splitlines()
+            if line.startswith(f"| {path.parent.name}/{path.name} |")]
 
 
 @pytest.mark.slow  # a tiny CQL trained on Ray
@@ -44,8 +51,7 @@ def test_it_prints_each_checkpoints_values_on_logged_and_first_states_and_along_
                            "--episodes", "2")
 
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [[cell.strip() for cell in line.split("|")[2:-1]] for line in result.stdout.splitlines()
-            if line.startswith(f"| {kept_cql.parent.name}/{kept_cql.name} |")]
+    rows = probed_rows(result, kept_cql)
     assert [row[0] for row in rows[:2]] == ["logged states", "first states"] and len(rows) == 3
     for row in rows[:2]:
         *values, distance = map(float, row[1:])
@@ -55,6 +61,36 @@ def test_it_prints_each_checkpoints_values_on_logged_and_first_states_and_along_
     # Values, then returns got, at every step, the first and the last ten: a reward in [-16.3, 0] a step.
     returns = values[1::2]
     assert all(math.isfinite(value) for value in values) and all(-16.3 / (1 - 0.99) <= got <= 0 for got in returns)
+
+
+@pytest.mark.slow  # d3rlpy's CQL trained briefly in its own virtualenv
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_it_probes_d3rlpys_trained_cql_in_a_copy_of_our_module(kept_cql, pendulum_dataset, tmp_path):
+    weights = tmp_path / "pendulum-medium-d3rlpy-cql-seed0.pt"
+    train_d3rlpy(str(D3RLPY_PYTHON), "d3rlpy-cql", tiny_cql(), pendulum_dataset, 0, [1], {}, weights)
+
+    result = run_benchmark("critic_probe", "--dataset", pendulum_dataset, "--checkpoints", kept_cql,
+                           "--d3rlpy-weights", weights, "--rows", "100", "--episodes", "1")
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours, theirs = probed_rows(result, kept_cql), probed_rows(result, weights)
+    assert len(theirs) == 3 and all(math.isfinite(float(cell)) for row in theirs for cell in row[1:])
+    assert theirs[0][1:] != ours[0][1:]  # d3rlpy's critics, not the copied module's own
+
+
+@pytest.mark.slow  # a tiny CQL trained on Ray
+def test_weights_of_other_sizes_are_refused_by_name(kept_cql, pendulum_dataset, tmp_path):
+    import torch
+
+    weights = to_d3rlpy(dict(load_rl_module(kept_cql).named_parameters()))
+    weights["q_funcs.0._fc.weight"] = torch.zeros(1, 5)
+    torch.save({"weights": weights}, tmp_path / "other.pt")
+
+    result = run_benchmark("critic_probe", "--dataset", pendulum_dataset, "--checkpoints", kept_cql,
+                           "--d3rlpy-weights", tmp_path / "other.pt", "--episodes", "0")
+
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"{tmp_path / 'other.pt'}: qf.net.mlp")
 
 
 def test_it_refuses_discrete_actions(expert_dataset, tmp_path):
