@@ -33,6 +33,7 @@ refuses a cell whose runs differ in settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -338,9 +339,9 @@ def main() -> None:
                     returns, path = train_d3rlpy(args.d3rlpy_python, column, algo_params, dataset_dir, seed,
                                                  eval_seeds, d3rlpy_config, weights)
                 else:
-                    with tempfile.TemporaryDirectory() as tmp:
-                        checkpoint = (args.keep_checkpoints / f"{name}-{column}-seed{seed}" if args.keep_checkpoints
-                                      else Path(tmp) / "checkpoint")
+                    with (contextlib.nullcontext(args.keep_checkpoints) if args.keep_checkpoints
+                          else tempfile.TemporaryDirectory()) as folder:
+                        checkpoint = Path(folder) / f"{name}-{column}-seed{seed}"
                         updates, path = train_ours(column, algo_params, dataset_dir, seed, checkpoint,
                                                    args.train_seconds, initial_weights)
                         entry.setdefault("updates_made", {}).setdefault(column, {})[str(seed)] = updates

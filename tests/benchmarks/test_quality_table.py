@@ -2,7 +2,8 @@
 its seeds made in it, as a cell with other settings says so; `--update` adds seeds only to a cell measured with the
 same hyper-parameters, and keeps the evaluation returns of those seeds alone; `--pool` joins the seeds of runs made
 apart, refusing what one cell cannot hold. A cell keeps its learner's metrics at each progress line, d3rlpy's too.
-`--initial-weights` starts our CQL alone, from a file."""
+`--initial-weights` starts our CQL alone, from a file. `--keep-checkpoints` keeps our policies and d3rlpy's CQL's
+weights."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import sys
 
 import pytest
+import yaml
 
 from benchmarks.quality_table import (
     D3RLPY_PYTHON,
@@ -24,7 +26,7 @@ from benchmarks.quality_table import (
 )
 from common.errors import UserError
 from pipelines.params import load_params
-from tests.conftest import REPO
+from tests.conftest import REPO, run_benchmark
 
 
 def test_a_time_budgeted_cell_gives_its_seeds_updates_and_the_budget():
@@ -151,3 +153,26 @@ def test_d3rlpy_reports_its_own_metrics_where_ours_are_kept(expert_dataset):
     assert len(returns) == 2
     assert [point["iteration"] for point in path] == [1, *range(2, 25, 2), 25]  # an epoch of 2 updates each
     assert all(isinstance(point["loss"], float) for point in path), path  # d3rlpy's BC loss, by its own name
+
+
+@pytest.mark.slow  # both CQLs trained a few updates, d3rlpy's in its own virtualenv, and evaluated
+@pytest.mark.skipif(not D3RLPY_PYTHON.exists(), reason="no d3rlpy virtualenv (make .venv-d3rlpy/.installed)")
+def test_keep_checkpoints_keeps_our_policy_and_d3rlpys_cql_weights_by_dataset_learner_and_seed(pendulum_dataset,
+                                                                                                tmp_path):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["algos"]["cql"].update(iterations=2, updates_per_iteration=2, hidden_layers=[16], batch_size=32)
+    params["evaluate"]["episodes"] = 1
+    params["references"] = {"Pendulum-v1": {"ceiling": {"kind": "callable",
+                                                        "callable": "examples.controllers:pendulum"}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+    result = run_benchmark("quality_table", "--params", tmp_path / "params.yaml", "--datasets-dir",
+                           pendulum_dataset.parent, "--datasets", pendulum_dataset.name, "--references",
+                           tmp_path / "references", "--algos", "cql", "d3rlpy-cql", "--seeds", 0, "--keep-checkpoints",
+                           tmp_path / "kept", "--out", tmp_path / "out")
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == [
+        "pendulum-medium-cql-seed0", "pendulum-medium-d3rlpy-cql-seed0.pt"]
+    assert json.loads((tmp_path / "out" / "quality.json").read_text())["pendulum-medium"]["seeds"] == {
+        "cql": [0], "d3rlpy-cql": [0]}
