@@ -22,6 +22,8 @@ ACTION_DISTRIBUTIONS = (GAUSSIAN, SQUASHED_GAUSSIAN, DETERMINISTIC)
 IQL_ACTION_DISTRIBUTIONS = (SQUASHED_GAUSSIAN, BOUNDED_MEAN_GAUSSIAN)
 SAMPLED, MEAN = "sampled", "mean"
 CQL_TARGET_ACTIONS = (SAMPLED, MEAN)
+CURRENT, NEXT = "current", "next"
+CQL_PENALTY_STATES = (CURRENT, NEXT)
 
 
 def _require_discount(gamma: float) -> None:
@@ -248,11 +250,17 @@ class CQLParams(LearnerParams):
     policy's `mean` (d3rlpy's default, its `soft_q_backup=False`), or `sampled` from the policy (RLlib's, the CQL
     paper's code and CORL's). The mean with the temperature's rate above is d3rlpy's pair: where CQL on MuJoCo fell
     without it, it is level with d3rlpy's CQL (benchmarks/mujoco.md, "Level with d3rlpy's CQL")."""
+    next_actions_penalized_at: str = CURRENT
+    """Where the penalty values the actions the policy samples at the next states: at the `current` states, beside
+    the uniform and the current policy's actions there (the CQL paper's code, CORL's and d3rlpy's), or at the `next`
+    states (RLlib 2.60's), which pushes down the values the backup reads. On hopper-medium `next` walked where
+    `current` fell (benchmarks/mujoco.md, "The penalty's states")."""
 
     def __post_init__(self):
         super().__post_init__()
         require_positive(self, "actor_lr", "tau", "num_actions", "lagrangian_lr", "temperature_lr")
         require_one_of(self, "target_action", CQL_TARGET_ACTIONS)
+        require_one_of(self, "next_actions_penalized_at", CQL_PENALTY_STATES)
         _require_discount(self.gamma)
         if self.min_q_weight < 0:
             raise ValueError(f"min_q_weight must be >= 0, got {self.min_q_weight}")

@@ -103,6 +103,8 @@ def test_the_suite_trains_behaviour_policies_online():
      r"algos.bc: action_distribution 'tanh' is unknown; use one of gaussian, squashed_gaussian, deterministic"),
     (lambda p: p["algos"]["cql"].update(target_action="max"),
      r"algos.cql: target_action 'max' is unknown; use one of sampled, mean"),
+    (lambda p: p["algos"]["cql"].update(next_actions_penalized_at="both"),
+     r"algos.cql: next_actions_penalized_at 'both' is unknown; use one of current, next"),
     (lambda p: p["train"]["runs"].update(x={"algo": "ppo", "dataset": "cartpole-expert"}),
      r"train.runs.x: unknown algorithm 'ppo': use one of bc, marwil"),
     (lambda p: p["train"]["runs"].update(x={"algo": "bc", "dataset": "nope"}),

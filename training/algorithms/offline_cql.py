@@ -17,8 +17,9 @@ RLlib 2.60's SAC learner leaves its learned entropy temperature out of its state
 at `initial_alpha`; `OfflineCQLTorchLearner` checkpoints it with the conservative weight.
 
 RLlib 2.60's penalty values the actions its policy samples at the next states at those next states;
-`OfflineCQLTorchRLModule` values them at the current states, as the CQL paper's code, CORL and d3rlpy do. With
-`CQLParams.target_action` `mean` it evaluates the target critics at the policy's mean next action, as d3rlpy does.
+`OfflineCQLTorchRLModule` values them at the current states by default, as the CQL paper's code, CORL and d3rlpy do
+(`CQLParams.next_actions_penalized_at`). With `CQLParams.target_action` `mean` it evaluates the target critics at the
+policy's mean next action, as d3rlpy does.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import mark_offline, q_network_outputs, temp_losses
 from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
-from training.config import MEAN, SAMPLED
+from training.config import CURRENT, MEAN, NEXT, SAMPLED
 
 # The keys of `learner_config_dict` that turn the learned conservative weight on (registry.py sets them).
 LAGRANGIAN_THRESHOLD = "lagrangian_threshold"
@@ -48,8 +49,9 @@ LOG_CONSERVATIVE_WEIGHTS = "log_conservative_weights"
 CONSERVATIVE_GAP = "conservative_gap"
 # The key in the learner's state of SAC's learned entropy temperature (its log, `curr_log_alpha`), by module.
 LOG_ENTROPY_TEMPERATURES = "log_entropy_temperatures"
-# The module's `model_config` key of `CQLParams.target_action`.
+# The module's `model_config` keys of `CQLParams.target_action` and `CQLParams.next_actions_penalized_at`.
 TARGET_ACTION = "target_action"
+PENALTY_STATES = "next_actions_penalized_at"
 
 
 class OfflineCQLTorchLearner(TargetsPerUpdate, LeanTorchLearner, CQLTorchLearner):
@@ -138,7 +140,8 @@ class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
     """SAC's module, plus the Q-values that CQL's penalty pushes down, under the keys RLlib 2.60's CQL learner reads:
     at each state s, of `num_actions` actions sampled uniformly, from the policy at s and from the policy at the next
     state s'. RLlib's own CQL module values the last at s' (Q(s', a')), which penalizes the bootstrap targets instead
-    of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s.
+    of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s, as this module
+    does unless `next_actions_penalized_at` is `next`.
 
     SAC's outputs evaluate the target critics at an action sampled at s'; with `target_action` `mean`, at the
     policy's mean action there, tanh of the Gaussian's mean, as d3rlpy's CQL does."""
@@ -151,7 +154,9 @@ class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
         uniform = low + (high - low) * torch.rand((obs.shape[0] * repeats, low.shape[0]), device=obs.device)
         sampled = {"rand": (uniform, None), "curr": self._sample_repeated(obs, repeats),
                    "next": self._sample_repeated(batch[Columns.NEXT_OBS], repeats)}
-        at_current_states = torch.repeat_interleave(obs, repeats, dim=0)
+        at_states = dict.fromkeys(sampled, torch.repeat_interleave(obs, repeats, dim=0))
+        if self.model_config.get(PENALTY_STATES) == NEXT:  # absent from checkpoints made before it was a choice
+            at_states["next"] = torch.repeat_interleave(batch[Columns.NEXT_OBS], repeats, dim=0)
         critics = [("q", self.qf_encoder, self.qf)]
         if self.twin_q:
             critics.append(("q_twin", self.qf_twin_encoder, self.qf_twin))
@@ -160,7 +165,7 @@ class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
             if logps is not None:
                 fwd_out[f"logps_{name}_repeat"] = logps.view(-1, repeats, 1)
             for prefix, encoder, head in critics:
-                values = q_network_outputs(self, {Columns.OBS: at_current_states, Columns.ACTIONS: actions}, encoder,
+                values = q_network_outputs(self, {Columns.OBS: at_states[name], Columns.ACTIONS: actions}, encoder,
                                            head)
                 fwd_out[f"{prefix}_{name}_repeat"] = values.view(-1, repeats, 1)
         if self.model_config[TARGET_ACTION] == MEAN:
@@ -182,16 +187,21 @@ class OfflineCQLConfig(CQLConfig):
         super().__init__(algo_class=algo_class or OfflineCQL)
         mark_offline(self)
         self.target_action = SAMPLED
+        self.next_actions_penalized_at = CURRENT
 
-    def training(self, *, target_action: str | None = None, **kwargs) -> OfflineCQLConfig:
+    def training(self, *, target_action: str | None = None, next_actions_penalized_at: str | None = None,
+                 **kwargs) -> OfflineCQLConfig:
         super().training(**kwargs)
         if target_action is not None:
             self.target_action = target_action
+        if next_actions_penalized_at is not None:
+            self.next_actions_penalized_at = next_actions_penalized_at
         return self
 
     @property
     def _model_config_auto_includes(self):
-        return super()._model_config_auto_includes | {TARGET_ACTION: self.target_action}
+        return super()._model_config_auto_includes | {TARGET_ACTION: self.target_action,
+                                                      PENALTY_STATES: self.next_actions_penalized_at}
 
     def get_default_learner_class(self):
         return OfflineCQLTorchLearner

@@ -28,7 +28,7 @@ from training.algorithms.offline_cql import (
 )
 from training.algorithms.registry import rllib_config
 from training.algorithms.rllib_internals import local_learner
-from training.config import MEAN, SAMPLED, CQLParams, DQNParams
+from training.config import CURRENT, MEAN, NEXT, SAMPLED, CQLParams, DQNParams
 
 BUDGET = dict(iterations=3, updates_per_iteration=10, batch_size=128, hidden_layers=[32, 32])
 
@@ -59,9 +59,11 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
     assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)
 
 
-def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states(pendulum_dataset):
-    # As the CQL paper's code, CORL and d3rlpy do; RLlib 2.60 values them at the next states.
-    with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
+@pytest.mark.parametrize("states", [CURRENT, NEXT])
+def test_the_penalty_values_the_next_states_policy_actions_at_the_chosen_states(pendulum_dataset, states):
+    # At the current states by default, as the CQL paper's code, CORL and d3rlpy do; RLlib 2.60 at the next states.
+    params = CQLParams(**BUDGET, **({} if states == CURRENT else {"next_actions_penalized_at": states}))
+    with built_algorithm("cql", params, pendulum_dataset) as algorithm:
         module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
         batch = _module_batch(algorithm, 16)
         with torch.no_grad():
@@ -74,8 +76,13 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_current_states
                                                 Columns.ACTIONS: actions}).view(16, repeats, 1)
 
             penalized = torch.min(fwd_out["q_next_repeat"], fwd_out["q_twin_next_repeat"])
-            assert torch.allclose(penalized, q(batch[Columns.OBS]))
-            assert not torch.allclose(penalized, q(batch[Columns.NEXT_OBS]))
+            assert torch.allclose(penalized, q(batch[Columns.OBS])) == (states == CURRENT)
+            assert torch.allclose(penalized, q(batch[Columns.NEXT_OBS])) == (states == NEXT)
+            # The uniform and the current policy's actions are valued at the current states either way.
+            current = torch.min(fwd_out["q_curr_repeat"], fwd_out["q_twin_curr_repeat"])
+            assert torch.allclose(current, module.compute_q_values(
+                {Columns.OBS: batch[Columns.OBS].repeat_interleave(repeats, dim=0),
+                 Columns.ACTIONS: fwd_out["actions_curr_repeat"]}).view(16, repeats, 1))
 
 
 @pytest.mark.parametrize("target_action", [SAMPLED, MEAN])
