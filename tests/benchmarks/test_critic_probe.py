@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks.clone_actions import continuous_card, greedy_actions, logged_rows, unit
 from benchmarks.cql_one_update import to_d3rlpy
@@ -80,8 +81,6 @@ def test_it_probes_d3rlpys_trained_cql_in_a_copy_of_our_module(kept_cql, pendulu
 
 @pytest.mark.slow  # a tiny CQL trained on Ray
 def test_weights_of_other_sizes_are_refused_by_name(kept_cql, pendulum_dataset, tmp_path):
-    import torch
-
     weights = to_d3rlpy(dict(load_rl_module(kept_cql).named_parameters()))
     weights["q_funcs.0._fc.weight"] = torch.zeros(1, 5)
     torch.save({"weights": weights}, tmp_path / "other.pt")

@@ -62,7 +62,8 @@ def test_cql_trains_offline_and_acts_within_the_bounds(pendulum_dataset, tmp_pat
 @pytest.mark.parametrize("states", [CURRENT, NEXT])
 def test_the_penalty_values_the_next_states_policy_actions_at_the_chosen_states(pendulum_dataset, states):
     # At the current states by default, as the CQL paper's code, CORL and d3rlpy do; RLlib 2.60 at the next states.
-    params = CQLParams(**BUDGET, **({} if states == CURRENT else {"next_actions_penalized_at": states}))
+    assert CQLParams().next_actions_penalized_at == CURRENT
+    params = CQLParams(**BUDGET, next_actions_penalized_at=states)
     with built_algorithm("cql", params, pendulum_dataset) as algorithm:
         module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
         batch = _module_batch(algorithm, 16)
