@@ -253,8 +253,8 @@ class CQLParams(LearnerParams):
     next_actions_penalized_at: str = CURRENT
     """Where the penalty values the actions the policy samples at the next states: at the `current` states, beside
     the uniform and the current policy's actions there (the CQL paper's code, CORL's and d3rlpy's), or at the `next`
-    states (RLlib 2.60's), which pushes down the values the backup reads. On hopper-medium `next` walked where
-    `current` fell (benchmarks/mujoco.md, "The penalty's states")."""
+    states (RLlib 2.60's), which pushes down the values the backup reads. On hopper-medium `next` with the weight fixed
+    and `sampled` walked where `current` fell, and fell alone (benchmarks/mujoco.md, "The penalty's states")."""
 
     def __post_init__(self):
         super().__post_init__()
