@@ -72,7 +72,7 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_chosen_states(
             actions = fwd_out["actions_next_repeat"]
             repeats = actions.shape[0] // 16
 
-            def q(observations):
+            def q(observations, actions=actions):
                 return module.compute_q_values({Columns.OBS: observations.repeat_interleave(repeats, dim=0),
                                                 Columns.ACTIONS: actions}).view(16, repeats, 1)
 
@@ -81,9 +81,7 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_chosen_states(
             assert torch.allclose(penalized, q(batch[Columns.NEXT_OBS])) == (states == NEXT)
             # The uniform and the current policy's actions are valued at the current states either way.
             current = torch.min(fwd_out["q_curr_repeat"], fwd_out["q_twin_curr_repeat"])
-            assert torch.allclose(current, module.compute_q_values(
-                {Columns.OBS: batch[Columns.OBS].repeat_interleave(repeats, dim=0),
-                 Columns.ACTIONS: fwd_out["actions_curr_repeat"]}).view(16, repeats, 1))
+            assert torch.allclose(current, q(batch[Columns.OBS], fwd_out["actions_curr_repeat"]))
 
 
 @pytest.mark.parametrize("target_action", [SAMPLED, MEAN])
