@@ -255,8 +255,9 @@ class CQLParams(LearnerParams):
     next_actions_penalized_at: str = CURRENT
     """Where the penalty values the actions the policy samples at the next states: at the `current` states, beside
     the uniform and the current policy's actions there (the CQL paper's code, CORL's and d3rlpy's), or at the `next`
-    states (RLlib 2.60's), which pushes down the values the backup reads. On hopper-medium `next` with the weight fixed
-    walked at one seed of two where `current` fell (benchmarks/mujoco.md, "The walk taken apart")."""
+    states (RLlib 2.60's), which pushes down the values the backup reads. With the weight fixed, `next` walked on
+    hopper-medium at one seed of three where `current` fell, and fell on hopper-medium-replay (benchmarks/mujoco.md,
+    "The walk at the next states does not hold")."""
 
     def __post_init__(self):
         super().__post_init__()
