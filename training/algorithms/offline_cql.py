@@ -138,10 +138,10 @@ def conservative_gap(config, fwd_out: dict) -> torch.Tensor:
 
 class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
     """SAC's module, plus the Q-values that CQL's penalty pushes down, under the keys RLlib 2.60's CQL learner reads:
-    at each state s, of `num_actions` actions sampled uniformly, from the policy at s and from the policy at the next
-    state s'. RLlib's own CQL module values the last at s' (Q(s', a')), which penalizes the bootstrap targets instead
-    of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s, as this module
-    does unless `next_actions_penalized_at` is `next`.
+    at each state s, of `num_actions` actions sampled uniformly in [-1, 1], from the policy at s and from the policy at
+    the next state s'. RLlib's own CQL module values the last at s' (Q(s', a')), which penalizes the bootstrap targets
+    instead of the current state's out-of-data actions; the CQL paper's code, CORL and d3rlpy value them at s, as this
+    module does unless `next_actions_penalized_at` is `next`.
 
     SAC's outputs evaluate the target critics at an action sampled at s'; with `target_action` `mean`, at the
     policy's mean action there, tanh of the Gaussian's mean, as d3rlpy's CQL does."""
@@ -149,9 +149,9 @@ class OfflineCQLTorchRLModule(DefaultSACTorchRLModule):
     def _forward_train(self, batch: dict) -> dict:
         fwd_out = super()._forward_train(batch)
         obs, repeats = batch[Columns.OBS], self.model_config["num_actions"]
-        low, high = (torch.as_tensor(bound, device=obs.device) for bound in (self.action_space.low,
-                                                                             self.action_space.high))
-        uniform = low + (high - low) * torch.rand((obs.shape[0] * repeats, low.shape[0]), device=obs.device)
+        # Uniform over [-1, 1], where the critics see the data's actions and whose log-density the learner subtracts.
+        # RLlib 2.60's CQL module samples within the env's bounds instead: half outside [-1, 1] for Pendulum's 2.
+        uniform = 2 * torch.rand((obs.shape[0] * repeats, self.action_space.shape[0]), device=obs.device) - 1
         sampled = {"rand": (uniform, None), "curr": self._sample_repeated(obs, repeats),
                    "next": self._sample_repeated(batch[Columns.NEXT_OBS], repeats)}
         at_states = dict.fromkeys(sampled, torch.repeat_interleave(obs, repeats, dim=0))

@@ -84,6 +84,17 @@ def test_the_penalty_values_the_next_states_policy_actions_at_the_chosen_states(
             assert torch.allclose(current, q(batch[Columns.OBS], fwd_out["actions_curr_repeat"]))
 
 
+def test_the_penalty_samples_uniform_actions_in_the_policys_bounds_not_the_envs(pendulum_dataset):
+    # Pendulum's torque bound is 2; the critics see actions rescaled to [-1, 1], and the learner subtracts the
+    # log-density of a uniform over [-1, 1] from their values (RLlib 2.60's CQL learner).
+    with built_algorithm("cql", CQLParams(**BUDGET), pendulum_dataset) as algorithm:
+        module = local_learner(algorithm).module[DEFAULT_MODULE_ID]
+        assert module.action_space.high.max() == 2.0
+        with torch.no_grad():
+            uniform = module.forward_train(_module_batch(algorithm, 128))["actions_rand_repeat"]
+    assert uniform.abs().max() <= 1.0 and uniform.min() < -0.9 and uniform.max() > 0.9
+
+
 @pytest.mark.parametrize("target_action", [SAMPLED, MEAN])
 def test_the_target_critics_value_the_next_state_at_the_chosen_action(pendulum_dataset, target_action):
     with built_algorithm("cql", CQLParams(**BUDGET, target_action=target_action), pendulum_dataset) as algorithm:
