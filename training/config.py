@@ -258,6 +258,10 @@ class CQLParams(LearnerParams):
     states (RLlib 2.60's), which pushes down the values the backup reads. With the weight fixed, `next` walked on
     hopper-medium at one seed of three where `current` fell, and fell on hopper-medium-replay (benchmarks/mujoco.md,
     "The walk at the next states does not hold")."""
+    critic_layer_norm: bool = False
+    """Layer-normalize each hidden layer of the critics (not the policy's), which bounds how far Q can climb on its
+    own bootstrapped values (Ball et al. 2023; Yue et al. 2023): on pendulum-medium's narrow data the critics diverge
+    without it (benchmarks/quality.md, "Our CQL")."""
 
     def __post_init__(self):
         super().__post_init__()

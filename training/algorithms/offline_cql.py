@@ -37,7 +37,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from training.algorithms.lean_learner import LeanTorchLearner
 from training.algorithms.rllib_internals import mark_offline, q_network_outputs, temp_losses
-from training.algorithms.shared import ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
+from training.algorithms.shared import CRITIC_LAYER_NORM, ConcatQCatalog, TargetsPerUpdate, WithoutEnvRunners
 from training.config import CURRENT, MEAN, NEXT, SAMPLED
 
 # The keys of `learner_config_dict` that turn the learned conservative weight on (registry.py sets them).
@@ -188,20 +188,24 @@ class OfflineCQLConfig(CQLConfig):
         mark_offline(self)
         self.target_action = SAMPLED
         self.next_actions_penalized_at = CURRENT
+        self.critic_layer_norm = False
 
     def training(self, *, target_action: str | None = None, next_actions_penalized_at: str | None = None,
-                 **kwargs) -> OfflineCQLConfig:
+                 critic_layer_norm: bool | None = None, **kwargs) -> OfflineCQLConfig:
         super().training(**kwargs)
         if target_action is not None:
             self.target_action = target_action
         if next_actions_penalized_at is not None:
             self.next_actions_penalized_at = next_actions_penalized_at
+        if critic_layer_norm is not None:
+            self.critic_layer_norm = critic_layer_norm
         return self
 
     @property
     def _model_config_auto_includes(self):
         return super()._model_config_auto_includes | {TARGET_ACTION: self.target_action,
-                                                      PENALTY_STATES: self.next_actions_penalized_at}
+                                                      PENALTY_STATES: self.next_actions_penalized_at,
+                                                      CRITIC_LAYER_NORM: self.critic_layer_norm}
 
     def get_default_learner_class(self):
         return OfflineCQLTorchLearner

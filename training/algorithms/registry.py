@@ -96,7 +96,7 @@ def _cql_config(params: CQLParams):
         gamma=params.gamma, tau=params.tau, min_q_weight=params.min_q_weight, num_actions=params.num_actions,
         bc_iters=0,  # no behaviour-cloning warm-up, as in d3rlpy's CQL
         deterministic_backup=True, target_action=params.target_action,  # targets without the entropy term
-        next_actions_penalized_at=params.next_actions_penalized_at,
+        next_actions_penalized_at=params.next_actions_penalized_at, critic_layer_norm=params.critic_layer_norm,
     ).learners(learner_config_dict={LAGRANGIAN_THRESHOLD: params.lagrangian_threshold,
                                     LAGRANGIAN_LR: params.lagrangian_lr})
 

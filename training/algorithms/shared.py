@@ -4,7 +4,9 @@
 - `ConcatQCatalog`: SAC's catalog with the Q-network of the CQL paper and d3rlpy, one MLP over the observation and
   action concatenated, for CQL and IQL. RLlib's SAC catalog gives Q(s, a) a multi-stream network: one MLP for the
   observation, one for the action, then a 2-layer tanh fusion net with skip connections, several times the
-  multiply-adds, which CQL evaluates on 10 sampled actions per row (docs/algorithms.md).
+  multiply-adds, which CQL evaluates on 10 sampled actions per row (docs/algorithms.md). Where the module's
+  `model_config` sets `CRITIC_LAYER_NORM`, each of its layers is layer-normalized (RLlib's `fcnet_use_layernorm`,
+  which would normalize the policy's layers too).
 - `TargetsPerUpdate`: target networks that follow the online ones per gradient update, for our learners derived
   from RLlib's DQN learner (DQN, CQL through SAC, and IQL). RLlib 2.60's DQNLearner moves targets once per
   `Learner.update` call, and only when the env steps sampled since the last move reach
@@ -51,7 +53,16 @@ class ConcatQEncoderConfig(MLPEncoderConfig):
         return ConcatQEncoder(self)
 
 
+# The module's `model_config` key that layer-normalizes the critics' layers (`CQLParams.critic_layer_norm`).
+CRITIC_LAYER_NORM = "critic_layer_norm"
+
+
 class ConcatQCatalog(SACCatalog):
+    def __init__(self, observation_space, action_space, model_config_dict, *args, **kwargs):
+        super().__init__(observation_space, action_space, model_config_dict, *args, **kwargs)
+        # Absent from IQL's modules and from checkpoints made before it was a choice.
+        self.critic_layer_norm = bool(model_config_dict.get(CRITIC_LAYER_NORM, False))
+
     @private_hook("SACCatalog._build_qf_encoder_continuous")
     def _build_qf_encoder_continuous(self, framework: str) -> ConcatQEncoder:
         # The policy's observation encoder (layers, activation, initializers), widened to take the action too.
@@ -59,6 +70,8 @@ class ConcatQCatalog(SACCatalog):
         self.qf_encoder_config = ConcatQEncoderConfig(
             **{f.name: getattr(obs_encoder, f.name) for f in dataclasses.fields(obs_encoder)})
         self.qf_encoder_config.input_dims = (self.observation_space.shape[0] + self.action_space.shape[0],)
+        self.qf_encoder_config.hidden_layer_use_layernorm = self.critic_layer_norm
+        self.qf_encoder_config.output_layer_use_layernorm = self.critic_layer_norm
         return self.qf_encoder_config.build(framework)
 
 

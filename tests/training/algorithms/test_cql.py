@@ -107,6 +107,21 @@ def test_the_target_critics_value_the_next_state_at_the_chosen_action(pendulum_d
         assert torch.allclose(fwd_out["q_target_next"], at_mean) == (target_action == MEAN)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_critic_layer_norm_normalizes_the_critics_layers_alone(pendulum_dataset, tmp_path, layer_norm):
+    with built_algorithm("cql", CQLParams(**BUDGET, critic_layer_norm=layer_norm), pendulum_dataset) as algorithm:
+        algorithm.train()
+        algorithm.save_to_path(tmp_path / "cql")
+    del algorithm
+    gc.collect()
+
+    module = load_rl_module(tmp_path / "cql")  # a restored module rebuilds its critics the same way
+    for critic in (module.qf_encoder, module.qf_twin_encoder):
+        norms = [m for m in critic.modules() if isinstance(m, torch.nn.LayerNorm)]
+        assert [norm.normalized_shape for norm in norms] == ([(32,), (32,)] if layer_norm else [])
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in module.pi_encoder.modules())
+
+
 def _module_batch(algorithm, rows: int) -> dict:
     """`rows` rows of the train batches, as the float tensors the module's `forward_train` takes."""
     sample = algorithm.offline_data.sample(num_samples=rows, num_shards=0)["default_policy"]
